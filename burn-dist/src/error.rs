@@ -1,0 +1,236 @@
+//! The one error type of `burn-dist`.
+
+use std::time::Duration;
+
+/// Everything that can go wrong in `burn-dist`. Every message says what to check or do next.
+#[derive(Debug, thiserror::Error)]
+pub enum DistError {
+    /// An environment variable has a value that cannot be used.
+    #[error("environment variable {var}={value:?} is invalid: {reason}")]
+    InvalidEnv {
+        /// The variable name.
+        var: String,
+        /// Its value.
+        value: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
+    /// A required environment variable is missing.
+    #[error("environment variable {var} is not set: {reason}")]
+    MissingEnv {
+        /// The variable name.
+        var: String,
+        /// Why it is needed.
+        reason: String,
+    },
+    /// The store address of rank 0 could not be reached.
+    #[error(
+        "rank {rank} could not connect to the rendezvous store at {addr} within {}s: {source}; \
+         check MASTER_ADDR/MASTER_PORT, that rank 0 is running and that port {port} is open on rank 0's host",
+        waited.as_secs_f64(), port = addr.rsplit(':').next().unwrap_or("?")
+    )]
+    StoreConnect {
+        /// This process's rank.
+        rank: usize,
+        /// The address tried.
+        addr: String,
+        /// How long we tried.
+        waited: Duration,
+        /// The last I/O error.
+        source: std::io::Error,
+    },
+    /// Rank 0 could not listen on the store port.
+    #[error(
+        "rank 0 could not listen on {addr} for the rendezvous store: {source}; the port is probably in use \
+         (another job?): choose another MASTER_PORT / --master-port"
+    )]
+    PortInUse {
+        /// The address that failed to bind.
+        addr: String,
+        /// The bind error.
+        source: std::io::Error,
+    },
+    /// Some ranks never arrived at a rendezvous point (store barrier, wait).
+    #[error(
+        "ranks {missing:?} did not reach {what} at {addr} within {}s; check that they were started, \
+         MASTER_ADDR and that the port is open on rank 0's host",
+        waited.as_secs_f64()
+    )]
+    RendezvousTimeout {
+        /// What was waited for (e.g. "the rendezvous", "barrier 'init'").
+        what: String,
+        /// Ranks that did not arrive.
+        missing: Vec<usize>,
+        /// The store address.
+        addr: String,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// A store key did not appear in time.
+    #[error("store key {key:?} did not appear within {}s at {addr}; the rank that should set it may have died or hung", waited.as_secs_f64())]
+    StoreTimeout {
+        /// The key.
+        key: String,
+        /// The store address.
+        addr: String,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// The store connection failed or the server answered something unexpected.
+    #[error("rendezvous store at {addr}: {detail}; rank 0 (which serves the store) may have exited")]
+    Store {
+        /// The store address.
+        addr: String,
+        /// What happened.
+        detail: String,
+        /// The I/O error, if any.
+        #[source]
+        source: Option<std::io::Error>,
+    },
+    /// The store rejected the handshake (wrong token or version).
+    #[error("rendezvous store at {addr} rejected rank {rank}'s handshake ({reason}); was this process started by the same launcher (BURN_DIST_JOB_TOKEN) and the same burn-dist version?")]
+    Handshake {
+        /// The store address.
+        addr: String,
+        /// Our rank.
+        rank: usize,
+        /// The reason.
+        reason: String,
+    },
+    /// A peer rank died, hung or closed its connection during a collective.
+    #[error(
+        "{op} failed on rank {rank}: peer rank {peer} {detail}; check rank {peer}'s output \
+         (crashed, killed, out of memory?) and the network between the hosts"
+    )]
+    PeerFailed {
+        /// The collective.
+        op: &'static str,
+        /// This rank.
+        rank: usize,
+        /// The rank that failed (root cause when known).
+        peer: usize,
+        /// What was observed.
+        detail: String,
+    },
+    /// A collective did not complete before its deadline.
+    #[error("{op} on rank {rank} did not complete within {}s waiting for rank {peer}; rank {peer} may be hung, slower, or running a different collective", deadline.as_secs_f64())]
+    Timeout {
+        /// The collective.
+        op: &'static str,
+        /// This rank.
+        rank: usize,
+        /// The rank we were waiting for.
+        peer: usize,
+        /// The deadline.
+        deadline: Duration,
+    },
+    /// Ranks called different collectives, or with different sizes/types.
+    #[error("collective mismatch on rank {rank}: this rank runs {ours}, rank {peer} runs {theirs}; every rank must issue the same collectives in the same order")]
+    CollectiveMismatch {
+        /// This rank.
+        rank: usize,
+        /// The peer.
+        peer: usize,
+        /// Our description.
+        ours: String,
+        /// Theirs.
+        theirs: String,
+    },
+    /// The communicator is unusable after an earlier failure.
+    #[error("the communicator of rank {rank} is broken after an earlier error ({first}); restart the job (resume from the last checkpoint)")]
+    Broken {
+        /// This rank.
+        rank: usize,
+        /// The first error.
+        first: String,
+    },
+    /// The models differ across ranks.
+    #[error("model mismatch between rank {rank} and rank {other_rank}: {difference}; every rank must build the same model (same config, same code)")]
+    ModelMismatch {
+        /// This rank.
+        rank: usize,
+        /// The rank compared with.
+        other_rank: usize,
+        /// The first difference.
+        difference: String,
+    },
+    /// Buffers passed to a collective have inconsistent sizes.
+    #[error("{op}: invalid buffer sizes: {detail}")]
+    InvalidBuffer {
+        /// The collective.
+        op: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A tensor could not be read back from the backend.
+    #[error("could not read tensor data from the backend during {op}: {detail}")]
+    TensorData {
+        /// The operation.
+        op: &'static str,
+        /// The backend's message.
+        detail: String,
+    },
+    /// Optimizer state could not be (de)serialised for a broadcast.
+    #[error("optimizer state broadcast: {detail}")]
+    Record {
+        /// What happened.
+        detail: String,
+    },
+    /// The NCCL backend was asked for but the crate was built without the `cuda` feature.
+    #[error("the NCCL backend needs burn-dist built with the `cuda` cargo feature; rebuild with `--features cuda` or use the host backend")]
+    NotCompiledWithCuda,
+    /// NCCL (or the CUDA driver) cannot be loaded.
+    #[error("{library} could not be loaded (tried {tried:?}); {hint}")]
+    LibraryMissing {
+        /// "NCCL" or "the CUDA driver".
+        library: &'static str,
+        /// The file names tried.
+        tried: Vec<String>,
+        /// How to fix it.
+        hint: String,
+    },
+    /// An NCCL or CUDA call failed.
+    #[error("{op} failed on rank {rank}: {detail}; set NCCL_DEBUG=INFO for details (and NCCL_SOCKET_IFNAME if the wrong network interface is used)")]
+    Nccl {
+        /// The call.
+        op: &'static str,
+        /// This rank.
+        rank: usize,
+        /// The error.
+        detail: String,
+    },
+    /// The launcher could not start or supervise workers.
+    #[error("launcher: {detail}")]
+    Launch {
+        /// What happened.
+        detail: String,
+        /// The I/O error, if any.
+        #[source]
+        source: Option<std::io::Error>,
+    },
+    /// A worker exited with failure.
+    #[error("rank {rank} (pid {pid}) exited with {status}; the other ranks were stopped. See rank {rank}'s output above for the root cause")]
+    WorkerFailed {
+        /// The rank.
+        rank: usize,
+        /// Its process id.
+        pid: u32,
+        /// How it exited.
+        status: String,
+    },
+    /// Network I/O failed outside a collective (setting up peer connections).
+    #[error("rank {rank}: {what} ({addr}): {source}")]
+    Io {
+        /// This rank.
+        rank: usize,
+        /// What was being done.
+        what: String,
+        /// The address involved.
+        addr: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Result alias of `burn-dist`.
+pub type Result<T, E = DistError> = std::result::Result<T, E>;

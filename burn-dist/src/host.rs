@@ -1,0 +1,560 @@
+//! The host backend: a ring over TCP between processes (reduce-scatter then all-gather, as in
+//! Baidu's ring all-reduce and NCCL's ring algorithm), chunked and pipelined: a sender thread
+//! writes to the next rank while the calling thread reads from the previous one and reduces.
+
+use crate::comm::{Communicator, DType, Element, HostBuf, ReduceOp};
+use crate::error::{DistError, Result};
+use crate::store::Store;
+use crate::wire::{self, ConnKind};
+use crate::world::World;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Bytes per pipelined chunk.
+const CHUNK_BYTES: usize = 1 << 20;
+/// Store key where the first rank that observes a failure records it (root cause for the others).
+const FAILURE_KEY: &str = "burn-dist/host/failure";
+/// Socket buffer size requested (the kernel may clamp it).
+const SOCKET_BUFFER: libc::c_int = 8 << 20;
+
+const OP_ALL_REDUCE: u8 = 1;
+const OP_BROADCAST: u8 = 2;
+const OP_ALL_GATHER: u8 = 3;
+
+struct Links {
+    /// To rank `rank + 1`.
+    next: TcpStream,
+    /// From rank `rank - 1`.
+    prev: TcpStream,
+    seq: u64,
+    broken: Option<String>,
+}
+
+/// Ring communicator over TCP; works on one machine and across machines.
+pub struct Host {
+    rank: usize,
+    world_size: usize,
+    timeout: Duration,
+    store: Option<Arc<Store>>,
+    links: Option<Mutex<Links>>,
+}
+
+impl std::fmt::Debug for Host {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Host").field("rank", &self.rank).field("world_size", &self.world_size).finish()
+    }
+}
+
+fn io_err(rank: usize, what: &str, addr: &str, source: io::Error) -> DistError {
+    DistError::Io { rank, what: what.to_string(), addr: addr.to_string(), source }
+}
+
+fn tune(s: &TcpStream, timeout: Duration) -> io::Result<()> {
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    use std::os::fd::AsRawFd;
+    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+        let v: libc::c_int = SOCKET_BUFFER;
+        // SAFETY: `s` owns a valid socket fd for the duration of the call, and we pass a pointer to
+        // a live c_int with its exact size, as setsockopt requires.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+    }
+    Ok(())
+}
+
+impl Host {
+    /// A communicator for a world of one process: every collective is a no-op.
+    pub fn single() -> Self {
+        Self { rank: 0, world_size: 1, timeout: crate::comm::DEFAULT_TIMEOUT, store: None, links: None }
+    }
+
+    /// Connects the ring: every rank listens on an ephemeral port, publishes it through `store`,
+    /// connects to rank `rank + 1` and accepts rank `rank - 1`. Connections to the listening port
+    /// without the job's handshake are dropped and logged.
+    ///
+    /// # Errors
+    /// [`DistError::StoreTimeout`]/[`DistError::RendezvousTimeout`] when a peer does not publish
+    /// its address in time; [`DistError::Io`] naming the address that could not be reached.
+    pub fn new(world: &World, store: Arc<Store>, timeout: Duration) -> Result<Self> {
+        let rank = world.rank;
+        let n = world.world_size;
+        if n == 1 {
+            return Ok(Self { rank, world_size: 1, timeout, store: Some(store), links: None });
+        }
+        let ip = store.local_ip().unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| io_err(rank, "binding the ring port", &ip.to_string(), e))?;
+        let me = listener.local_addr().map_err(|e| io_err(rank, "reading the ring port", &ip.to_string(), e))?;
+        store.set(&format!("burn-dist/host/addr/{rank}"), me.to_string().as_bytes())?;
+        let next_rank = (rank + 1) % n;
+        let prev_rank = (rank + n - 1) % n;
+        let next_addr = store.get(&format!("burn-dist/host/addr/{next_rank}"), timeout)?;
+        let next_addr = String::from_utf8_lossy(&next_addr).into_owned();
+        let sa: SocketAddr = next_addr.parse().map_err(|_| DistError::Store {
+            addr: store.addr().to_string(),
+            detail: format!("rank {next_rank} published an invalid address {next_addr:?}"),
+            source: None,
+        })?;
+        // Connect to next in a thread while accepting prev here (both must progress at once).
+        let token = world.job_token.clone();
+        let connector = std::thread::spawn(move || -> io::Result<TcpStream> {
+            let start = Instant::now();
+            loop {
+                match TcpStream::connect_timeout(&sa, Duration::from_secs(5)) {
+                    Ok(mut s) => {
+                        tune(&s, timeout)?;
+                        wire::write_frame(&mut s, &wire::handshake_bytes(ConnKind::Ring, rank, &token))?;
+                        return Ok(s);
+                    }
+                    Err(e) if start.elapsed() >= timeout => return Err(e),
+                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        });
+        let prev = Self::accept_prev(&listener, rank, prev_rank, &world.job_token, timeout)?;
+        let next = connector
+            .join()
+            .map_err(|_| io_err(rank, "connecting to the next rank (thread panicked)", &next_addr, io::Error::other("panic")))?
+            .map_err(|e| io_err(rank, &format!("connecting to rank {next_rank}"), &next_addr, e))?;
+        let host = Self {
+            rank,
+            world_size: n,
+            timeout,
+            store: Some(store),
+            links: Some(Mutex::new(Links { next, prev, seq: 0, broken: None })),
+        };
+        host.barrier()?;
+        Ok(host)
+    }
+
+    fn accept_prev(listener: &TcpListener, rank: usize, prev_rank: usize, token: &str, timeout: Duration) -> Result<TcpStream> {
+        let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        listener.set_nonblocking(true).map_err(|e| io_err(rank, "configuring the ring port", &addr, e))?;
+        let start = Instant::now();
+        loop {
+            match listener.accept() {
+                Ok((mut s, peer)) => {
+                    s.set_nonblocking(false).map_err(|e| io_err(rank, "configuring a ring socket", &addr, e))?;
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                    let checked = wire::read_frame(&mut s, wire::MAX_HANDSHAKE)
+                        .map_err(|e| e.to_string())
+                        .and_then(|hs| wire::check_handshake(&hs, ConnKind::Ring, token));
+                    match checked {
+                        Ok(r) if r == prev_rank => {
+                            tune(&s, timeout).map_err(|e| io_err(rank, "configuring a ring socket", &addr, e))?;
+                            return Ok(s);
+                        }
+                        Ok(r) => eprintln!("[burn-dist rank {rank}] dropped ring connection from {peer}: rank {r}, expected {prev_rank}"),
+                        Err(reason) => eprintln!("[burn-dist rank {rank}] dropped ring connection from {peer}: {reason}"),
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if start.elapsed() >= timeout {
+                        return Err(DistError::Timeout { op: "connecting the ring", rank, peer: prev_rank, deadline: timeout });
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => return Err(io_err(rank, "accepting the previous rank", &addr, e)),
+            }
+        }
+    }
+
+    /// Changes the deadline of subsequent collectives.
+    pub fn set_timeout(&mut self, timeout: Duration) -> Result<()> {
+        self.timeout = timeout;
+        if let Some(l) = &self.links {
+            let l = l.lock().unwrap_or_else(|e| e.into_inner());
+            for s in [&l.next, &l.prev] {
+                tune(s, timeout).map_err(|e| io_err(self.rank, "setting socket timeouts", "", e))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn links(&self) -> Option<MutexGuard<'_, Links>> {
+        self.links.as_ref().map(|l| l.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Runs `f` on the links with failure bookkeeping: a failed collective poisons the communicator
+    /// and records the root cause in the store for the other ranks.
+    fn run(&self, op: &'static str, f: impl FnOnce(&mut Links) -> Result<(), RingError>) -> Result<()> {
+        let Some(mut links) = self.links() else { return Ok(()) };
+        if let Some(first) = &links.broken {
+            return Err(DistError::Broken { rank: self.rank, first: first.clone() });
+        }
+        links.seq += 1;
+        let result = f(&mut links);
+        let Err(e) = result else { return Ok(()) };
+        let err = self.explain(op, e);
+        links.broken = Some(err.to_string());
+        let _ = links.next.shutdown(Shutdown::Both);
+        let _ = links.prev.shutdown(Shutdown::Both);
+        Err(err)
+    }
+
+    fn explain(&self, op: &'static str, e: RingError) -> DistError {
+        let n = self.world_size;
+        let (peer, detail, timed_out, mismatch) = match e {
+            RingError::Recv(e) => ((self.rank + n - 1) % n, e.to_string(), is_timeout(&e), None),
+            RingError::Send(e) => ((self.rank + 1) % n, e.to_string(), is_timeout(&e), None),
+            RingError::Mismatch { ours, theirs } => ((self.rank + n - 1) % n, String::new(), false, Some((ours, theirs))),
+        };
+        if let Some((ours, theirs)) = mismatch {
+            return DistError::CollectiveMismatch { rank: self.rank, peer, ours, theirs };
+        }
+        // Was this the echo of a failure another rank already observed? Then name its root cause.
+        if let Some(store) = &self.store {
+            if let Ok(missing) = store.wait_missing(&[FAILURE_KEY.to_string()], Duration::from_millis(500)) {
+                if missing.is_empty() {
+                    if let Ok(Some(v)) = store.try_get(FAILURE_KEY) {
+                        let s = String::from_utf8_lossy(&v).into_owned();
+                        if let Some((root, what)) = s.split_once(' ') {
+                            if let Ok(root) = root.parse::<usize>() {
+                                if root != self.rank {
+                                    return DistError::PeerFailed {
+                                        op,
+                                        rank: self.rank,
+                                        peer: root,
+                                        detail: format!("failed first ({what}); this rank saw: {detail}"),
+                                    };
+                                }
+                            }
+                        }
+                    }
+                }
+            } else {
+                // The store is gone: rank 0 (its server) is down.
+                if peer != 0 && self.rank != 0 {
+                    return DistError::PeerFailed { op, rank: self.rank, peer: 0, detail: format!("is unreachable (its rendezvous store is gone); this rank saw: {detail}") };
+                }
+            }
+        }
+        if timed_out {
+            return DistError::Timeout { op, rank: self.rank, peer, deadline: self.timeout };
+        }
+        let what = format!("closed the connection or died ({detail}), seen by rank {}", self.rank);
+        if let Some(store) = &self.store {
+            let _ = store.set(FAILURE_KEY, format!("{peer} {what}").as_bytes());
+        }
+        DistError::PeerFailed { op, rank: self.rank, peer, detail: format!("closed the connection or died ({detail})") }
+    }
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+}
+
+/// What went wrong inside a ring pass.
+enum RingError {
+    Recv(io::Error),
+    Send(io::Error),
+    Mismatch { ours: String, theirs: String },
+}
+
+enum Msg<T> {
+    Header([u8; 32]),
+    Data(Vec<T>),
+}
+
+fn header(seq: u64, op: u8, dtype: DType, count: usize, extra: u64) -> [u8; 32] {
+    let mut h = [0u8; 32];
+    h[0..8].copy_from_slice(&seq.to_le_bytes());
+    h[8] = op;
+    h[9] = dtype as u8;
+    h[10..18].copy_from_slice(&(count as u64).to_le_bytes());
+    h[18..26].copy_from_slice(&extra.to_le_bytes());
+    h
+}
+
+fn describe(h: &[u8; 32]) -> String {
+    let op = match h[8] {
+        OP_ALL_REDUCE => "all_reduce",
+        OP_BROADCAST => "broadcast",
+        OP_ALL_GATHER => "all_gather",
+        _ => "an unknown collective",
+    };
+    let u = |r: std::ops::Range<usize>| h[r].try_into().map(u64::from_le_bytes).unwrap_or(0);
+    format!("{op} #{} of {} elements (dtype {}, arg {})", u(0..8), u(10..18), h[9], u(18..26))
+}
+
+/// Segment `i` of `n` of a buffer of `len` elements: the first `len % n` get one extra element.
+fn segment(len: usize, n: usize, i: usize) -> std::ops::Range<usize> {
+    let base = len / n;
+    let extra = len % n;
+    let start = i * base + i.min(extra);
+    start..start + base + usize::from(i < extra)
+}
+
+fn chunks(r: std::ops::Range<usize>, chunk: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let chunk = chunk.max(1);
+    r.clone().step_by(chunk).map(move |s| s..(s + chunk).min(r.end))
+}
+
+/// One ring pass: a sender thread writes messages to `next` in FIFO order while `body` reads from
+/// `prev`. Errors from either side stop both promptly (sockets are shut down).
+fn ring_pass<T: Element>(
+    links: &mut Links,
+    hdr: [u8; 32],
+    body: impl FnOnce(&mut TcpStream, &mpsc::Sender<Msg<T>>, &mpsc::Receiver<Vec<T>>) -> Result<(), RingError>,
+) -> Result<(), RingError> {
+    let next = &mut links.next;
+    let prev = &mut links.prev;
+    let prev_shut = prev.try_clone().map_err(RingError::Recv)?;
+    let next_shut = next.try_clone().map_err(RingError::Send)?;
+    let (tx, rx) = mpsc::channel::<Msg<T>>();
+    let (ret_tx, ret_rx) = mpsc::channel::<Vec<T>>();
+    std::thread::scope(|scope| {
+        let sender = scope.spawn(move || -> io::Result<()> {
+            for msg in rx {
+                let r = match &msg {
+                    Msg::Header(h) => next.write_all(h),
+                    Msg::Data(v) => next.write_all(bytemuck::cast_slice(v)),
+                };
+                if let Err(e) = r {
+                    // Wake the reader so the whole pass stops now.
+                    let _ = prev_shut.shutdown(Shutdown::Both);
+                    return Err(e);
+                }
+                if let Msg::Data(v) = msg {
+                    let _ = ret_tx.send(v);
+                }
+            }
+            Ok(())
+        });
+        let run = || -> Result<(), RingError> {
+            let _ = tx.send(Msg::Header(hdr));
+            let mut theirs = [0u8; 32];
+            prev.read_exact(&mut theirs).map_err(RingError::Recv)?;
+            if theirs != hdr {
+                return Err(RingError::Mismatch { ours: describe(&hdr), theirs: describe(&theirs) });
+            }
+            body(prev, &tx, &ret_rx)
+        };
+        let result = run();
+        drop(tx);
+        if result.is_err() {
+            let _ = next_shut.shutdown(Shutdown::Both);
+        }
+        let sent = sender.join().unwrap_or_else(|_| Err(io::Error::other("sender thread panicked")));
+        match (result, sent) {
+            (_, Err(e)) => Err(RingError::Send(e)),
+            (r, Ok(())) => r,
+        }
+    })
+}
+
+fn take_buf<T: Element>(pool: &mpsc::Receiver<Vec<T>>, len: usize) -> Vec<T> {
+    let mut v = pool.try_recv().unwrap_or_default();
+    v.resize(len, T::zeroed());
+    v
+}
+
+fn recv_into<T: Element>(prev: &mut TcpStream, buf: &mut [T]) -> Result<(), RingError> {
+    prev.read_exact(bytemuck::cast_slice_mut(buf)).map_err(RingError::Recv)
+}
+
+fn ring_all_reduce<T: Element>(links: &mut Links, rank: usize, n: usize, data: &mut [T], op: ReduceOp) -> Result<(), RingError> {
+    let hdr = header(links.seq, OP_ALL_REDUCE, T::DTYPE, data.len(), op as u64);
+    let chunk = (CHUNK_BYTES / std::mem::size_of::<T>()).max(1);
+    let len = data.len();
+    ring_pass::<T>(links, hdr, |prev, tx, pool| {
+        let seg = |i: usize| segment(len, n, (i + n) % n);
+        // Reduce-scatter, step 0 sends our own segment.
+        for c in chunks(seg(rank), chunk) {
+            let mut v = take_buf(pool, c.len());
+            v.copy_from_slice(&data[c]);
+            let _ = tx.send(Msg::Data(v));
+        }
+        for s in 0..n - 1 {
+            let r = seg(rank + 2 * n - s - 1);
+            for c in chunks(r, chunk) {
+                let mut v = take_buf(pool, c.len());
+                recv_into(prev, &mut v)?;
+                T::reduce(op, &mut v, &data[c.clone()]);
+                if s == n - 2 {
+                    if op == ReduceOp::Avg {
+                        T::divide(&mut v, n);
+                    }
+                    data[c].copy_from_slice(&v);
+                }
+                let _ = tx.send(Msg::Data(v));
+            }
+        }
+        // All-gather.
+        for s in 0..n - 1 {
+            let r = seg(rank + n - s);
+            for c in chunks(r, chunk) {
+                let mut v = take_buf(pool, c.len());
+                recv_into(prev, &mut v)?;
+                data[c].copy_from_slice(&v);
+                if s < n - 2 {
+                    let _ = tx.send(Msg::Data(v));
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+fn ring_broadcast(links: &mut Links, rank: usize, n: usize, data: &mut [u8], root: usize, dtype: DType) -> Result<(), RingError> {
+    let hdr = header(links.seq, OP_BROADCAST, dtype, data.len(), root as u64);
+    let forward = (rank + 1) % n != root;
+    ring_pass::<u8>(links, hdr, |prev, tx, pool| {
+        for c in chunks(0..data.len(), CHUNK_BYTES) {
+            if rank == root {
+                let mut v = take_buf(pool, c.len());
+                v.copy_from_slice(&data[c]);
+                let _ = tx.send(Msg::Data(v));
+            } else {
+                let mut v = take_buf(pool, c.len());
+                recv_into(prev, &mut v)?;
+                data[c].copy_from_slice(&v);
+                if forward {
+                    let _ = tx.send(Msg::Data(v));
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+fn ring_all_gather(links: &mut Links, rank: usize, n: usize, data: &mut [u8], dtype: DType) -> Result<(), RingError> {
+    let hdr = header(links.seq, OP_ALL_GATHER, dtype, data.len(), 0);
+    let block = data.len() / n;
+    ring_pass::<u8>(links, hdr, |prev, tx, pool| {
+        let blk = |i: usize| {
+            let i = i % n;
+            i * block..(i + 1) * block
+        };
+        for c in chunks(blk(rank), CHUNK_BYTES) {
+            let mut v = take_buf(pool, c.len());
+            v.copy_from_slice(&data[c]);
+            let _ = tx.send(Msg::Data(v));
+        }
+        for s in 0..n - 1 {
+            for c in chunks(blk(rank + 2 * n - s - 1), CHUNK_BYTES) {
+                let mut v = take_buf(pool, c.len());
+                recv_into(prev, &mut v)?;
+                data[c].copy_from_slice(&v);
+                if s < n - 2 {
+                    let _ = tx.send(Msg::Data(v));
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+impl Communicator for Host {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    fn backend_name(&self) -> &'static str {
+        "host"
+    }
+
+    fn all_reduce(&self, buf: HostBuf<'_>, op: ReduceOp) -> Result<()> {
+        let (rank, n) = (self.rank, self.world_size);
+        self.run("all_reduce", |l| match buf {
+            HostBuf::F32(s) => ring_all_reduce(l, rank, n, s, op),
+            HostBuf::F64(s) => ring_all_reduce(l, rank, n, s, op),
+            HostBuf::F16(s) => ring_all_reduce(l, rank, n, s, op),
+            HostBuf::BF16(s) => ring_all_reduce(l, rank, n, s, op),
+            HostBuf::I64(s) => ring_all_reduce(l, rank, n, s, op),
+            HostBuf::U8(s) => ring_all_reduce(l, rank, n, s, op),
+        })
+    }
+
+    fn broadcast(&self, mut buf: HostBuf<'_>, root: usize) -> Result<()> {
+        if root >= self.world_size {
+            return Err(DistError::InvalidBuffer { op: "broadcast", detail: format!("root {root} ≥ world size {}", self.world_size) });
+        }
+        let (rank, n, dtype) = (self.rank, self.world_size, buf.dtype());
+        self.run("broadcast", |l| ring_broadcast(l, rank, n, buf.bytes_mut(), root, dtype))
+    }
+
+    fn all_gather(&self, mut buf: HostBuf<'_>) -> Result<()> {
+        if buf.len() % self.world_size != 0 {
+            return Err(DistError::InvalidBuffer {
+                op: "all_gather",
+                detail: format!("length {} is not a multiple of the world size {}", buf.len(), self.world_size),
+            });
+        }
+        let (rank, n, dtype) = (self.rank, self.world_size, buf.dtype());
+        self.run("all_gather", |l| ring_all_gather(l, rank, n, buf.bytes_mut(), dtype))
+    }
+
+    fn barrier(&self) -> Result<()> {
+        let mut one = [1i64];
+        self.all_reduce(HostBuf::I64(&mut one), ReduceOp::Sum)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_cover_everything() {
+        for len in [0usize, 1, 2, 5, 17, 1000] {
+            for n in 1..6 {
+                let mut next = 0;
+                for i in 0..n {
+                    let s = segment(len, n, i);
+                    assert_eq!(s.start, next);
+                    next = s.end;
+                }
+                assert_eq!(next, len);
+            }
+        }
+    }
+
+    fn world(rank: usize, n: usize, port: u16) -> World {
+        World { rank, world_size: n, local_rank: rank, local_world_size: n, master_addr: "127.0.0.1".into(), master_port: port, job_token: "t".into() }
+    }
+
+    #[test]
+    fn threads_all_reduce() {
+        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
+        let n = 3;
+        let t = Duration::from_secs(10);
+        let handles: Vec<_> = (0..n)
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let w = world(r, n, port);
+                    let store = Arc::new(Store::rendezvous(&w, t).expect("store"));
+                    let h = Host::new(&w, store, t).expect("host");
+                    let mut v: Vec<f32> = (0..1_000_003).map(|i| (i % 7 + r) as f32).collect();
+                    h.all_reduce(HostBuf::F32(&mut v), ReduceOp::Sum).expect("allreduce");
+                    let mut b = vec![r as u8; 10];
+                    h.broadcast(HostBuf::U8(&mut b), 2).expect("bcast");
+                    assert_eq!(b, vec![2u8; 10]);
+                    h.barrier().expect("barrier");
+                    v
+                })
+            })
+            .collect();
+        let res: Vec<Vec<f32>> = handles.into_iter().map(|h| h.join().expect("join")).collect();
+        for (i, x) in res[0].iter().enumerate() {
+            assert_eq!(*x, (3 * (i % 7) + 3) as f32);
+        }
+        assert!(res.iter().all(|r| r == &res[0]));
+    }
+}
