@@ -5,6 +5,9 @@
 mod comm;
 mod error;
 mod host;
+mod optimizer;
+mod sync;
+mod tensor;
 mod store;
 mod wire;
 mod world;
@@ -14,3 +17,9 @@ pub use error::{DistError, Result};
 pub use host::Host;
 pub use store::{MAX_STORE_MESSAGE, Store};
 pub use world::{DEFAULT_MASTER_PORT, JOB_TOKEN_ENV, QUIET_ENV, World};
+pub use optimizer::{
+    DistributedConfig, DistributedOptimizer, average_buffers, broadcast_optimizer_state, broadcast_parameters,
+    reduce_metrics,
+};
+pub use sync::{DEFAULT_BUCKET_BYTES, Fingerprint, GradientSync, SyncConfig, verify_same_model};
+pub use tensor::{CollectiveBackend, Compression, host_all_reduce, host_broadcast};
