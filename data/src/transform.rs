@@ -1,0 +1,416 @@
+//! torchvision-compatible transforms: `RandomResizedCrop`, `RandomHorizontalFlip`, `Resize` +
+//! `CenterCrop`, normalisation, HWC → CHW.
+
+use std::cell::RefCell;
+
+use fast_image_resize as fr;
+use image::RgbImage;
+use rand::{Rng, RngExt};
+
+/// ImageNet per-channel mean (RGB), as in torchvision's references.
+pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+/// ImageNet per-channel standard deviation (RGB).
+pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+/// A crop rectangle in pixels (torchvision's `(i, j, h, w)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CropBox {
+    /// First row (`i`).
+    pub top: u32,
+    /// First column (`j`).
+    pub left: u32,
+    /// Rows (`h`).
+    pub height: u32,
+    /// Columns (`w`).
+    pub width: u32,
+}
+
+/// Python's `round()`: half to even.
+fn py_round(x: f64) -> f64 {
+    x.round_ties_even()
+}
+
+/// torchvision's `RandomResizedCrop.get_params`, ported line by line: up to 10 tries of an area
+/// fraction uniform in `scale` and an aspect ratio log-uniform in `ratio`
+/// (`w = round(sqrt(area·r))`, `h = round(sqrt(area/r))`, Python rounding), accepted when it fits;
+/// then the center-crop fallback that clamps the aspect ratio to `ratio`.
+///
+/// # Panics
+/// If `width` or `height` is zero.
+pub fn random_resized_crop_params<R: Rng + ?Sized>(
+    rng: &mut R,
+    width: u32,
+    height: u32,
+    scale: (f64, f64),
+    ratio: (f64, f64),
+) -> CropBox {
+    assert!(width > 0 && height > 0, "image has zero size");
+    let area = f64::from(height) * f64::from(width);
+    let (log_lo, log_hi) = (ratio.0.ln(), ratio.1.ln());
+    for _ in 0..10 {
+        let target_area = area * uniform(rng, scale.0, scale.1);
+        let aspect_ratio = uniform(rng, log_lo, log_hi).exp();
+        let w = py_round((target_area * aspect_ratio).sqrt());
+        let h = py_round((target_area / aspect_ratio).sqrt());
+        if w > 0.0 && w <= f64::from(width) && h > 0.0 && h <= f64::from(height) {
+            let (w, h) = (w as u32, h as u32);
+            let top = rng.random_range(0..=height - h);
+            let left = rng.random_range(0..=width - w);
+            return CropBox {
+                top,
+                left,
+                height: h,
+                width: w,
+            };
+        }
+    }
+    let in_ratio = f64::from(width) / f64::from(height);
+    let (min_r, max_r) = (ratio.0.min(ratio.1), ratio.0.max(ratio.1));
+    let (w, h) = if in_ratio < min_r {
+        (
+            width,
+            (py_round(f64::from(width) / min_r) as u32).clamp(1, height),
+        )
+    } else if in_ratio > max_r {
+        (
+            (py_round(f64::from(height) * max_r) as u32).clamp(1, width),
+            height,
+        )
+    } else {
+        (width, height)
+    };
+    CropBox {
+        top: (height - h) / 2,
+        left: (width - w) / 2,
+        height: h,
+        width: w,
+    }
+}
+
+/// `torch.empty(1).uniform_(lo, hi)`.
+fn uniform<R: Rng + ?Sized>(rng: &mut R, lo: f64, hi: f64) -> f64 {
+    lo + (hi - lo) * rng.random::<f64>()
+}
+
+/// torchvision's `Resize(size)` with an int: the shorter side becomes `size`, the longer one
+/// `int(size * long / short)` (truncated). Returns `(width, height)`.
+pub fn resize_shorter_side(width: u32, height: u32, size: u32) -> (u32, u32) {
+    let (short, long) = if width <= height {
+        (width, height)
+    } else {
+        (height, width)
+    };
+    let new_long = (u64::from(size) * u64::from(long) / u64::from(short.max(1))) as u32;
+    if width <= height {
+        (size, new_long)
+    } else {
+        (new_long, size)
+    }
+}
+
+/// torchvision's `CenterCrop` box: `top = round((H - h) / 2)`, `left = round((W - w) / 2)` with
+/// Python rounding. Requires the crop to fit (`Resize` guarantees it in the validation pipeline).
+/// Returns `None` when it does not fit.
+pub fn center_crop_box(width: u32, height: u32, crop_w: u32, crop_h: u32) -> Option<CropBox> {
+    if crop_w > width || crop_h > height {
+        return None;
+    }
+    Some(CropBox {
+        top: py_round(f64::from(height - crop_h) / 2.0) as u32,
+        left: py_round(f64::from(width - crop_w) / 2.0) as u32,
+        height: crop_h,
+        width: crop_w,
+    })
+}
+
+/// Which bilinear (antialiased, PIL-style) resizer to use. Both give PIL's `BILINEAR` result up
+/// to rounding; `FastImageResize` is SIMD and measured faster (see `benches/src/bin/data.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Resampler {
+    /// `fast_image_resize` convolution with the bilinear filter (AVX2/SSE4.1/NEON).
+    #[default]
+    FastImageResize,
+    /// `image::imageops::resize` with `FilterType::Triangle`.
+    Image,
+}
+
+thread_local! {
+    static RESIZER: RefCell<fr::Resizer> = RefCell::new(fr::Resizer::new());
+}
+
+/// Crops `crop` out of `src` and resizes it to `out_w × out_h` (bilinear with antialiasing, as
+/// PIL's `resize(.., BILINEAR)` used by torchvision on PIL images). Returns packed HWC RGB.
+///
+/// # Panics
+/// If `crop` does not lie inside `src` or an output side is zero.
+pub fn resized_crop(
+    src: &RgbImage,
+    crop: CropBox,
+    out_w: u32,
+    out_h: u32,
+    resampler: Resampler,
+) -> Vec<u8> {
+    assert!(
+        crop.left + crop.width <= src.width() && crop.top + crop.height <= src.height(),
+        "crop box {crop:?} outside a {}x{} image",
+        src.width(),
+        src.height()
+    );
+    match resampler {
+        Resampler::FastImageResize => {
+            let fir_src = fr::images::ImageRef::new(
+                src.width(),
+                src.height(),
+                src.as_raw(),
+                fr::PixelType::U8x3,
+            )
+            .expect("an RgbImage buffer always matches its size");
+            let view = fr::images::CroppedImage::new(
+                &fir_src,
+                crop.left,
+                crop.top,
+                crop.width,
+                crop.height,
+            )
+            .expect("crop checked above");
+            let mut dst = fr::images::Image::new(out_w, out_h, fr::PixelType::U8x3);
+            let options = fr::ResizeOptions::new()
+                .resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear));
+            RESIZER.with(|r| {
+                r.borrow_mut()
+                    .resize(&view, &mut dst, &options)
+                    .expect("pixel types match and sizes are non-zero")
+            });
+            dst.into_vec()
+        }
+        Resampler::Image => {
+            let sub = image::imageops::crop_imm(src, crop.left, crop.top, crop.width, crop.height)
+                .to_image();
+            if sub.width() == out_w && sub.height() == out_h {
+                return sub.into_raw();
+            }
+            image::imageops::resize(&sub, out_w, out_h, image::imageops::FilterType::Triangle)
+                .into_raw()
+        }
+    }
+}
+
+/// Writes packed HWC RGB (`width × height`) as planar CHW into `out`, mirroring columns if `flip`.
+///
+/// # Panics
+/// If the buffers' lengths are not `3 × width × height`.
+pub fn hwc_to_chw(hwc: &[u8], width: usize, height: usize, flip: bool, out: &mut [u8]) {
+    let plane = width * height;
+    assert_eq!(hwc.len(), 3 * plane, "HWC buffer size");
+    assert_eq!(out.len(), 3 * plane, "CHW buffer size");
+    let (r, rest) = out.split_at_mut(plane);
+    let (g, b) = rest.split_at_mut(plane);
+    for y in 0..height {
+        let row = &hwc[y * width * 3..(y + 1) * width * 3];
+        let o = y * width;
+        for x in 0..width {
+            let sx = if flip { width - 1 - x } else { x };
+            r[o + x] = row[3 * sx];
+            g[o + x] = row[3 * sx + 1];
+            b[o + x] = row[3 * sx + 2];
+        }
+    }
+}
+
+/// Normalises a CHW u8 buffer: `(x / 255 - mean[c]) / std[c]`, as `ToTensor` + `Normalize`.
+///
+/// # Panics
+/// If `chw.len()` is not a multiple of 3 or `out` has a different length.
+pub fn normalize_chw(chw: &[u8], out: &mut [f32]) {
+    assert_eq!(chw.len(), out.len(), "buffer sizes");
+    assert_eq!(chw.len() % 3, 0, "CHW buffer size");
+    let plane = chw.len() / 3;
+    for c in 0..3 {
+        let (m, s) = (IMAGENET_MEAN[c], IMAGENET_STD[c]);
+        for (o, &x) in out[c * plane..(c + 1) * plane]
+            .iter_mut()
+            .zip(&chw[c * plane..(c + 1) * plane])
+        {
+            *o = (f32::from(x) / 255.0 - m) / s;
+        }
+    }
+}
+
+/// A per-sample transform pipeline producing a square `size × size` CHW image.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Transform {
+    /// `RandomResizedCrop(size, scale, ratio)` then `RandomHorizontalFlip(flip_prob)`.
+    Train {
+        /// Output side in pixels.
+        size: u32,
+        /// Area fraction range (torchvision default `(0.08, 1.0)`).
+        scale: (f64, f64),
+        /// Aspect ratio range (torchvision default `(3/4, 4/3)`).
+        ratio: (f64, f64),
+        /// Probability of a horizontal flip (0.5).
+        flip_prob: f64,
+    },
+    /// `Resize(resize)` of the shorter side then `CenterCrop(size)`.
+    Val {
+        /// Shorter side after resizing (256 for 224).
+        resize: u32,
+        /// Output side in pixels.
+        size: u32,
+    },
+}
+
+impl Transform {
+    /// The ImageNet training transform at `size` (224 in the references).
+    pub fn train(size: u32) -> Self {
+        Self::Train {
+            size,
+            scale: (0.08, 1.0),
+            ratio: (3.0 / 4.0, 4.0 / 3.0),
+            flip_prob: 0.5,
+        }
+    }
+
+    /// The ImageNet validation transform at `size`: resize the shorter side to
+    /// `round(size · 256 / 224)` (256 for 224) then center-crop `size`.
+    pub fn val(size: u32) -> Self {
+        Self::Val {
+            resize: (f64::from(size) * 256.0 / 224.0).round() as u32,
+            size,
+        }
+    }
+
+    /// Output side in pixels.
+    pub fn size(&self) -> u32 {
+        match *self {
+            Self::Train { size, .. } | Self::Val { size, .. } => size,
+        }
+    }
+
+    /// Applies the transform, writing `3 × size × size` CHW bytes into `out`. The random draws
+    /// (crop, then flip) come from `rng`; the validation transform draws nothing.
+    ///
+    /// # Panics
+    /// If `out` has the wrong length or the image has a zero side.
+    pub fn apply_into<R: Rng + ?Sized>(
+        &self,
+        img: &RgbImage,
+        rng: &mut R,
+        resampler: Resampler,
+        out: &mut [u8],
+    ) {
+        match *self {
+            Self::Train {
+                size,
+                scale,
+                ratio,
+                flip_prob,
+            } => {
+                let crop = random_resized_crop_params(rng, img.width(), img.height(), scale, ratio);
+                let flip = rng.random::<f64>() < flip_prob;
+                let hwc = resized_crop(img, crop, size, size, resampler);
+                hwc_to_chw(&hwc, size as usize, size as usize, flip, out);
+            }
+            Self::Val { resize, size } => {
+                let (w, h) = resize_shorter_side(img.width(), img.height(), resize);
+                let full = CropBox {
+                    top: 0,
+                    left: 0,
+                    height: img.height(),
+                    width: img.width(),
+                };
+                let resized = resized_crop(img, full, w, h, resampler);
+                let s = size as usize;
+                match center_crop_box(w, h, size, size) {
+                    Some(c) => {
+                        let mut hwc = vec![0u8; 3 * s * s];
+                        for y in 0..s {
+                            let src = ((c.top as usize + y) * w as usize + c.left as usize) * 3;
+                            hwc[y * s * 3..(y + 1) * s * 3]
+                                .copy_from_slice(&resized[src..src + s * 3]);
+                        }
+                        hwc_to_chw(&hwc, s, s, false, out);
+                    }
+                    None => {
+                        // Only when `resize < size`: pad with zeros like torchvision's CenterCrop.
+                        let mut hwc = vec![0u8; 3 * s * s];
+                        let (w, h) = (w as usize, h as usize);
+                        let (oy, ox) = (s.saturating_sub(h) / 2, s.saturating_sub(w) / 2);
+                        let (sy, sx) = (h.saturating_sub(s) / 2, w.saturating_sub(s) / 2);
+                        for y in 0..h.min(s) {
+                            let n = w.min(s) * 3;
+                            let src = ((sy + y) * w + sx) * 3;
+                            let dst = ((oy + y) * s + ox) * 3;
+                            hwc[dst..dst + n].copy_from_slice(&resized[src..src + n]);
+                        }
+                        hwc_to_chw(&hwc, s, s, false, out);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn resize_shorter_side_matches_torchvision() {
+        // torchvision: Resize(256) of 500x375 (w x h) -> h=256, w=int(256*500/375)=341.
+        assert_eq!(resize_shorter_side(500, 375, 256), (341, 256));
+        assert_eq!(resize_shorter_side(375, 500, 256), (256, 341));
+        assert_eq!(resize_shorter_side(300, 300, 256), (256, 256));
+    }
+
+    #[test]
+    fn center_crop_matches_hand_computed_box() {
+        // (341-224)/2 = 58.5 -> round half to even = 58; (256-224)/2 = 16.
+        assert_eq!(
+            center_crop_box(341, 256, 224, 224),
+            Some(CropBox {
+                top: 16,
+                left: 58,
+                height: 224,
+                width: 224
+            })
+        );
+        // (343-224)/2 = 59.5 -> 60.
+        assert_eq!(
+            center_crop_box(343, 256, 224, 224).map(|c| c.left),
+            Some(60)
+        );
+        assert_eq!(center_crop_box(100, 100, 224, 224), None);
+    }
+
+    #[test]
+    fn random_resized_crop_fallback_clamps_ratio() {
+        // A very wide image: every try fails when the scale forces the whole area, then the
+        // fallback keeps the full height and width = round(h * 4/3).
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let c = random_resized_crop_params(&mut rng, 1000, 10, (1.0, 1.0), (0.75, 4.0 / 3.0));
+        assert_eq!((c.height, c.width), (10, 13));
+        assert_eq!((c.top, c.left), (0, (1000 - 13) / 2));
+    }
+
+    #[test]
+    fn normalize_matches_formula() {
+        let chw = [0u8, 255, 128];
+        let mut out = [0f32; 3];
+        normalize_chw(&chw, &mut out);
+        for c in 0..3 {
+            let want = (f32::from(chw[c]) / 255.0 - IMAGENET_MEAN[c]) / IMAGENET_STD[c];
+            assert!((out[c] - want).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn flip_mirrors_columns() {
+        // 2x1 image: red, blue.
+        let hwc = [255u8, 0, 0, 0, 0, 255];
+        let mut out = [0u8; 6];
+        hwc_to_chw(&hwc, 2, 1, true, &mut out);
+        assert_eq!(out, [0, 255, 0, 0, 255, 0]);
+    }
+}
