@@ -1,1 +1,30 @@
-//! placeholder
+#![deny(missing_docs)]
+//! The ResNet family (v1.5, as torchvision) as Burn modules, and the [`ImageClassifier`] trait that
+//! lets `train` train any model.
+//!
+//! ```
+//! use burn::backend::Flex;
+//! use burn::tensor::Tensor;
+//! use models::{ImageClassifier, ResNetConfig};
+//!
+//! let device = Default::default();
+//! let model = ResNetConfig::resnet18(10).init::<Flex>(&device);
+//! let images = Tensor::<Flex, 4>::zeros([2, 3, 32, 32], &device);
+//! assert_eq!(model.classify(images).dims(), [2, 10]);
+//! ```
+//!
+//! Parameter paths follow torchvision (`conv1`, `bn1`, `layer1.0.conv1`, `layer1.0.downsample.0`,
+//! `fc`), so [`torchvision`] can save and load weights as a torchvision `state_dict` in safetensors.
+
+mod block;
+mod classifier;
+mod error;
+mod path;
+mod resnet;
+pub mod torchvision;
+
+pub use block::Block;
+pub use classifier::ImageClassifier;
+pub use error::ModelError;
+pub use path::num_trainable_params;
+pub use resnet::{BlockKind, ResNet, ResNetConfig};

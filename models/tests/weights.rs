@@ -1,0 +1,223 @@
+//! Weights by torchvision names, through safetensors.
+
+use std::collections::HashMap;
+
+use burn::backend::Flex;
+use burn::tensor::{Distribution, Tensor, TensorData, Tolerance, backend::Backend};
+use models::{ImageClassifier, ModelError, ResNetConfig, torchvision};
+use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+
+type TestBackend = Flex;
+
+/// torchvision's own `resnet50().state_dict()`: key, dtype, shape (written by torchvision 0.29).
+const TORCHVISION_RESNET50: &str = include_str!("fixtures/torchvision_resnet50_state_dict.txt");
+
+struct TorchEntry {
+    key: String,
+    dtype: String,
+    shape: Vec<usize>,
+}
+
+fn torchvision_resnet50() -> Vec<TorchEntry> {
+    TORCHVISION_RESNET50
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .map(|line| {
+            let mut fields = line.split(' ');
+            let key = fields.next().expect("key").to_string();
+            let dtype = fields.next().expect("dtype").to_string();
+            let shape = match fields.next().expect("shape") {
+                "-" => Vec::new(),
+                dims => dims.split('x').map(|d| d.parse().expect("dim")).collect(),
+            };
+            TorchEntry { key, dtype, shape }
+        })
+        .collect()
+}
+
+#[test]
+fn resnet50_round_trip_is_bit_identical() {
+    let device = Default::default();
+    TestBackend::seed(&device, 1);
+    let original = ResNetConfig::resnet50(1000).init::<TestBackend>(&device);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("resnet50.safetensors");
+    torchvision::save(&original, &path).expect("save");
+
+    // A second model with other random weights, overwritten by the file.
+    TestBackend::seed(&device, 2);
+    let fresh = ResNetConfig::resnet50(1000).init::<TestBackend>(&device);
+    let loaded = torchvision::load(fresh, &path, &device).expect("load");
+
+    let images = Tensor::<TestBackend, 4>::random([2, 3, 64, 64], Distribution::Default, &device);
+    let a = original.classify(images.clone()).into_data();
+    let b = loaded.classify(images).into_data();
+    assert_eq!(
+        a.as_bytes(),
+        b.as_bytes(),
+        "outputs differ after the round trip"
+    );
+
+    // And every tensor survived byte for byte.
+    let again = torchvision::to_safetensors_bytes(&loaded).expect("serialise");
+    assert_eq!(std::fs::read(&path).expect("read"), again);
+}
+
+#[test]
+fn our_keys_are_torchvisions_keys() {
+    let device = Default::default();
+    let model = ResNetConfig::resnet50(1000).init::<TestBackend>(&device);
+    let ours = torchvision::state_dict_keys(&model);
+    let theirs: Vec<String> = torchvision_resnet50().into_iter().map(|e| e.key).collect();
+    assert_eq!(ours, theirs);
+}
+
+#[test]
+fn a_torchvision_state_dict_loads_with_every_key_matched() {
+    let device = Default::default();
+    let entries = torchvision_resnet50();
+    // Distinct, recognisable values per tensor: value = tensor index + position / 1e6.
+    let mut buffers: Vec<Vec<u8>> = Vec::new();
+    for (t, entry) in entries.iter().enumerate() {
+        let n: usize = entry.shape.iter().product();
+        let bytes = match entry.dtype.as_str() {
+            "float32" => (0..n)
+                .flat_map(|i| (t as f32 + (i % 1000) as f32 * 1e-3).to_le_bytes())
+                .collect(),
+            "int64" => 7i64.to_le_bytes().to_vec(),
+            other => panic!("unexpected dtype {other}"),
+        };
+        buffers.push(bytes);
+    }
+    let views: Vec<(String, TensorView<'_>)> = entries
+        .iter()
+        .zip(&buffers)
+        .map(|(entry, bytes)| {
+            let dtype = if entry.dtype == "int64" {
+                Dtype::I64
+            } else {
+                Dtype::F32
+            };
+            let view = TensorView::new(dtype, entry.shape.clone(), bytes).expect("view");
+            (entry.key.clone(), view)
+        })
+        .collect();
+    let file = safetensors::serialize(views, None).expect("serialise");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("torchvision_resnet50.safetensors");
+    std::fs::write(&path, &file).expect("write");
+
+    let model = ResNetConfig::resnet50(1000).init::<TestBackend>(&device);
+    let model = torchvision::load(model, &path, &device).expect("every key matches");
+
+    // Spot checks: the values landed where torchvision's names say, with the layouts translated.
+    let index: HashMap<&str, usize> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.key.as_str(), i))
+        .collect();
+    let expect_first = |key: &str| index[key] as f32;
+    let gamma = model.layer2[0]
+        .downsample
+        .as_ref()
+        .expect("downsample")
+        .1
+        .gamma
+        .val();
+    assert_eq!(
+        gamma.into_data().to_vec::<f32>().expect("f32")[0],
+        expect_first("layer2.0.downsample.1.weight")
+    );
+    let running_var = model.bn1.running_var.value();
+    assert_eq!(
+        running_var.into_data().to_vec::<f32>().expect("f32")[1],
+        expect_first("bn1.running_var") + 1e-3
+    );
+    // fc.weight is [1000, 2048] in torch and [2048, 1000] in Burn: torch's row 0 is our column 0.
+    let fc = model.fc.weight.val();
+    assert_eq!(fc.dims(), [2048, 1000]);
+    let column0 = fc.slice([0..2048, 0..1]).reshape([2048]).into_data();
+    let expected: Vec<f32> = (0..2048)
+        .map(|i| expect_first("fc.weight") + (i % 1000) as f32 * 1e-3)
+        .collect();
+    column0.assert_approx_eq::<f32>(
+        &TensorData::new(expected, [2048]),
+        Tolerance::absolute(1e-6),
+    );
+
+    // And what we write back is the same key set torchvision reads, num_batches_tracked included.
+    let written = torchvision::to_safetensors_bytes(&model).expect("serialise");
+    let parsed = SafeTensors::deserialize(&written).expect("parse");
+    let mut names: Vec<String> = parsed.names().into_iter().map(str::to_string).collect();
+    let mut expected: Vec<String> = entries.iter().map(|e| e.key.clone()).collect();
+    names.sort();
+    expected.sort();
+    assert_eq!(names, expected);
+}
+
+#[test]
+fn wrong_class_count_is_a_shape_error_naming_the_key() {
+    let device = Default::default();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("r18.safetensors");
+    torchvision::save(
+        &ResNetConfig::resnet18(10).init::<TestBackend>(&device),
+        &path,
+    )
+    .expect("save");
+    let error = torchvision::load(
+        ResNetConfig::resnet18(1000).init::<TestBackend>(&device),
+        &path,
+        &device,
+    )
+    .expect_err("10 classes do not fit 1000");
+    assert!(
+        matches!(&error, ModelError::ShapeMismatch { key, .. } if key == "fc.weight"),
+        "{error}"
+    );
+}
+
+#[test]
+fn other_depth_is_a_key_mismatch() {
+    let device = Default::default();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("r18.safetensors");
+    torchvision::save(
+        &ResNetConfig::resnet18(10).init::<TestBackend>(&device),
+        &path,
+    )
+    .expect("save");
+    let error = torchvision::load(
+        ResNetConfig::resnet34(10).init::<TestBackend>(&device),
+        &path,
+        &device,
+    )
+    .expect_err("ResNet-34 has more blocks");
+    match error {
+        ModelError::KeyMismatch {
+            missing,
+            unexpected,
+            ..
+        } => {
+            assert!(
+                missing.iter().any(|k| k.starts_with("layer1.2.")),
+                "{missing:?}"
+            );
+            assert!(unexpected.is_empty(), "{unexpected:?}");
+        }
+        other => panic!("expected a key mismatch, got {other}"),
+    }
+}
+
+#[test]
+fn truncated_file_is_a_format_error() {
+    let device = Default::default();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("r18.safetensors");
+    let model = ResNetConfig::resnet18(10).init::<TestBackend>(&device);
+    let bytes = torchvision::to_safetensors_bytes(&model).expect("serialise");
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).expect("write");
+    let error = torchvision::load(model, &path, &device).expect_err("truncated");
+    assert!(matches!(error, ModelError::Format { .. }), "{error}");
+    assert!(error.to_string().contains("r18.safetensors"));
+}
