@@ -1,0 +1,155 @@
+//! Decoding real JPEG/PNG files (Pillow fixtures) and rejecting bad ones.
+
+mod common;
+
+use data::{DataError, decode_file};
+
+/// Reads the SOF marker: (progressive, per-component (h, v) sampling factors).
+fn sof_info(bytes: &[u8]) -> (bool, Vec<(u8, u8)>) {
+    let mut i = 2;
+    while i + 4 < bytes.len() {
+        assert_eq!(bytes[i], 0xFF, "marker expected at {i}");
+        let marker = bytes[i + 1];
+        let len = usize::from(bytes[i + 2]) << 8 | usize::from(bytes[i + 3]);
+        if marker == 0xC0 || marker == 0xC2 {
+            let n = usize::from(bytes[i + 9]);
+            let comps = (0..n)
+                .map(|c| {
+                    let s = bytes[i + 11 + 3 * c];
+                    (s >> 4, s & 0xF)
+                })
+                .collect();
+            return (marker == 0xC2, comps);
+        }
+        i += 2 + len;
+    }
+    panic!("no SOF marker");
+}
+
+fn assert_colour(path: &str, want: [u8; 3], tol: i32) {
+    let img = decode_file(&common::fixtures().join(path)).expect(path);
+    assert_eq!(img.dimensions(), (40, 24), "{path}: size");
+    for (x, y) in [(0, 0), (20, 12), (39, 23)] {
+        let p = img.get_pixel(x, y).0;
+        for c in 0..3 {
+            assert!(
+                (i32::from(p[c]) - i32::from(want[c])).abs() <= tol,
+                "{path}: pixel ({x},{y}) = {p:?}, want {want:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn fixtures_have_the_claimed_encoding() {
+    let read = |f: &str| std::fs::read(common::fixtures().join(f)).expect(f);
+    assert_eq!(
+        sof_info(&read("baseline_420.jpg")),
+        (false, vec![(2, 2), (1, 1), (1, 1)])
+    );
+    assert_eq!(
+        sof_info(&read("baseline_444.jpg")),
+        (false, vec![(1, 1), (1, 1), (1, 1)])
+    );
+    assert_eq!(
+        sof_info(&read("progressive_420.jpg")),
+        (true, vec![(2, 2), (1, 1), (1, 1)])
+    );
+    assert_eq!(
+        sof_info(&read("progressive_444.jpg")),
+        (true, vec![(1, 1), (1, 1), (1, 1)])
+    );
+    assert_eq!(sof_info(&read("grayscale.jpg")).1.len(), 1);
+    assert_eq!(sof_info(&read("cmyk.jpg")).1.len(), 4);
+    assert_eq!(&read("png_named.JPEG")[..4], b"\x89PNG");
+}
+
+#[test]
+fn good_files_decode_to_right_size_and_colour() {
+    let red = [200, 40, 60];
+    for f in [
+        "baseline_420.jpg",
+        "baseline_444.jpg",
+        "progressive_420.jpg",
+        "progressive_444.jpg",
+    ] {
+        assert_colour(f, red, 4);
+    }
+    assert_colour("grayscale.jpg", [120, 120, 120], 3);
+    assert_colour("cmyk.jpg", red, 6);
+    assert_colour("png_named.JPEG", red, 0);
+}
+
+fn assert_bad(path: &std::path::Path, reason_has: &str) {
+    match decode_file(path) {
+        Err(DataError::BadImage { path: p, reason }) => {
+            assert_eq!(p, path);
+            assert!(
+                reason.contains(reason_has),
+                "reason {reason:?} lacks {reason_has:?}"
+            );
+            let msg = DataError::BadImage { path: p, reason }.to_string();
+            assert!(msg.contains(&path.display().to_string()), "{msg}");
+        }
+        other => panic!("{}: expected BadImage, got {other:?}", path.display()),
+    }
+}
+
+#[test]
+fn bad_files_are_errors_naming_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+
+    let empty = d.join("empty.JPEG");
+    std::fs::write(&empty, b"").expect("write");
+    assert_bad(&empty, "empty");
+
+    let good = d.join("good.jpg");
+    common::write_jpeg(&good, 64, 48, 1);
+    let bytes = std::fs::read(&good).expect("read");
+    let truncated = d.join("truncated.jpg");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).expect("write");
+    assert_bad(&truncated, "truncated");
+
+    // Deterministic pseudo-random bytes.
+    let mut s = 0x1234_5678_u32;
+    let noise: Vec<u8> = (0..4096)
+        .map(|_| {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (s >> 24) as u8
+        })
+        .collect();
+    let random = d.join("random.jpg");
+    std::fs::write(&random, &noise).expect("write");
+    assert_bad(&random, "not a JPEG or PNG");
+
+    // A JPEG header followed by garbage.
+    let mut corrupt = bytes[..200.min(bytes.len())].to_vec();
+    corrupt.extend_from_slice(&noise);
+    corrupt.extend_from_slice(&[0xFF, 0xD9]);
+    let corrupt_path = d.join("corrupt.jpg");
+    std::fs::write(&corrupt_path, &corrupt).expect("write");
+    assert!(decode_file(&corrupt_path).is_err());
+
+    // Unreadable: a directory named like an image (works as root too) ...
+    let as_dir = d.join("folder.jpg");
+    std::fs::create_dir(&as_dir).expect("mkdir");
+    assert_bad(&as_dir, "cannot read");
+    // ... and a missing file.
+    assert_bad(&d.join("missing.jpg"), "cannot read");
+}
+
+#[cfg(unix)]
+#[test]
+fn permission_denied_is_a_bad_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("secret.jpg");
+    common::write_jpeg(&p, 16, 16, 0);
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o000)).expect("chmod");
+    if std::fs::read(&p).is_ok() {
+        eprintln!("note: running as root, which can read 0o000 files; permission case skipped");
+        return;
+    }
+    assert_bad(&p, "cannot read");
+}
