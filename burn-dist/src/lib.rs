@@ -5,6 +5,13 @@
 mod comm;
 mod error;
 mod host;
+mod launcher;
+#[cfg(feature = "cuda")]
+mod nccl;
+#[cfg(not(feature = "cuda"))]
+#[path = "nccl_stub.rs"]
+mod nccl;
+mod setup;
 mod optimizer;
 mod sync;
 mod tensor;
@@ -23,3 +30,6 @@ pub use optimizer::{
 };
 pub use sync::{DEFAULT_BUCKET_BYTES, Fingerprint, GradientSync, SyncConfig, verify_same_model};
 pub use tensor::{CollectiveBackend, Compression, host_all_reduce, host_broadcast};
+pub use launcher::{LaunchConfig, is_worker_env, launch, launch_or_run, should_draw_progress, visible_cuda_devices};
+pub use nccl::Nccl;
+pub use setup::{CommBackend, Dist, DistOptions, TIMEOUT_ENV, init, init_from_env};

@@ -1,0 +1,247 @@
+//! Worker process for `burn-dist`'s multi-process integration tests (tests/multiprocess.rs).
+//! Not a user tool: it reads its role from the first argument and its world from the env.
+#![allow(clippy::unwrap_used)]
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::nn::{Linear, LinearConfig};
+use burn::optim::{GradientsParams, SgdConfig};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use burn_dist::{
+    CommBackend, Communicator, CommunicatorExt, Compression, DistOptions, DistributedConfig, DistributedOptimizer,
+    Element, HostBuf, LaunchConfig, ReduceOp, SyncConfig, World,
+};
+use half::{bf16, f16};
+use std::process::ExitCode;
+use std::time::Duration;
+
+type TB = burn::backend::Autodiff<burn::backend::Flex>;
+
+fn options() -> DistOptions {
+    DistOptions { backend: CommBackend::Host, ..DistOptions::default() }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let mode = args.get(1).cloned().unwrap_or_default();
+    let result = match mode.as_str() {
+        "collectives" => collectives(),
+        "train" => train(&args[2..]),
+        "loop" => all_reduce_loop(&args[2..]),
+        "init" => burn_dist::init(&World::from_env().unwrap(), &options()).map(|_| println!("INIT OK")),
+        "launch" => launch(&args[2..]),
+        _ => {
+            eprintln!("unknown mode {mode:?}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("DIST ERROR: {e}");
+            ExitCode::from(3)
+        }
+    }
+}
+
+fn value(rank: usize, i: usize) -> i64 {
+    ((i * 7 + rank * 3) % 11) as i64 - 5
+}
+
+trait FromI64: Element + Copy {
+    fn from_i64(v: i64) -> Self;
+}
+impl FromI64 for f32 {
+    fn from_i64(v: i64) -> Self {
+        v as f32
+    }
+}
+impl FromI64 for f64 {
+    fn from_i64(v: i64) -> Self {
+        v as f64
+    }
+}
+impl FromI64 for i64 {
+    fn from_i64(v: i64) -> Self {
+        v
+    }
+}
+impl FromI64 for f16 {
+    fn from_i64(v: i64) -> Self {
+        f16::from_f32(v as f32)
+    }
+}
+impl FromI64 for bf16 {
+    fn from_i64(v: i64) -> Self {
+        bf16::from_f32(v as f32)
+    }
+}
+
+fn check_type<T: FromI64>(comm: &dyn Communicator, checksum: &mut u64) -> burn_dist::Result<()> {
+    let n = comm.world_size();
+    let r = comm.rank();
+    for len in [0usize, 1, 2, 3, 5, 7, 13, 1000, (1 << 20) / std::mem::size_of::<T>() * 2 + 3] {
+        for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min] {
+            let mut data: Vec<T> = (0..len).map(|i| T::from_i64(value(r, i))).collect();
+            comm.all_reduce(T::host_buf(&mut data), op)?;
+            let mut reference: Vec<T> = (0..len)
+                .map(|i| {
+                    let vals = (0..n).map(|q| value(q, i));
+                    T::from_i64(match op {
+                        ReduceOp::Sum | ReduceOp::Avg => vals.sum(),
+                        ReduceOp::Max => vals.max().unwrap_or(0),
+                        ReduceOp::Min => vals.min().unwrap_or(0),
+                    })
+                })
+                .collect();
+            if op == ReduceOp::Avg {
+                T::divide(&mut reference, n);
+            }
+            if data != reference {
+                let bad = data.iter().zip(&reference).position(|(a, b)| a != b).unwrap_or(0);
+                panic!("{:?} {op:?} len {len}: element {bad}: {:?} != {:?}", T::DTYPE, data[bad], reference[bad]);
+            }
+            for b in bytemuck::cast_slice::<T, u8>(&data) {
+                *checksum = checksum.wrapping_mul(1_000_003).wrapping_add(*b as u64);
+            }
+        }
+        for root in 0..n {
+            let mut data: Vec<T> = (0..len).map(|i| T::from_i64(value(r, i))).collect();
+            comm.broadcast(T::host_buf(&mut data), root)?;
+            let reference: Vec<T> = (0..len).map(|i| T::from_i64(value(root, i))).collect();
+            assert!(data == reference, "{:?} broadcast from {root} len {len}", T::DTYPE);
+        }
+        let mine: Vec<T> = (0..len).map(|i| T::from_i64(value(r, i))).collect();
+        let all = comm.all_gather_vec(&mine)?;
+        let reference: Vec<T> = (0..n).flat_map(|q| (0..len).map(move |i| T::from_i64(value(q, i)))).collect();
+        assert!(all == reference, "{:?} all_gather len {len}", T::DTYPE);
+    }
+    Ok(())
+}
+
+fn collectives() -> burn_dist::Result<()> {
+    let dist = burn_dist::init(&World::from_env()?, &options())?;
+    let comm = dist.comm.as_ref();
+    let mut checksum = 0u64;
+    check_type::<f32>(comm, &mut checksum)?;
+    check_type::<f64>(comm, &mut checksum)?;
+    check_type::<f16>(comm, &mut checksum)?;
+    check_type::<bf16>(comm, &mut checksum)?;
+    check_type::<i64>(comm, &mut checksum)?;
+    let mut bytes = if comm.rank() == 0 { b"hello from rank 0".to_vec() } else { Vec::new() };
+    comm.broadcast_bytes(&mut bytes, 0)?;
+    assert_eq!(bytes, b"hello from rank 0");
+    comm.barrier()?;
+    let m = burn_dist::reduce_metrics(comm, &[1.0, comm.rank() as f64])?;
+    assert_eq!(m, vec![comm.world_size() as f64, (0..comm.world_size()).sum::<usize>() as f64]);
+    println!("CHECKSUM {checksum:016x}");
+    Ok(())
+}
+
+#[derive(Module, Debug)]
+struct Mlp<B: Backend> {
+    fc1: Linear<B>,
+    fc2: Linear<B>,
+}
+
+impl<BB: Backend> Mlp<BB> {
+    fn new(hidden: usize, device: &BB::Device) -> Self {
+        Self { fc1: LinearConfig::new(8, hidden).init(device), fc2: LinearConfig::new(hidden, 4).init(device) }
+    }
+    fn forward(&self, x: Tensor<BB, 2>) -> Tensor<BB, 2> {
+        self.fc2.forward(burn::tensor::activation::tanh(self.fc1.forward(x)))
+    }
+}
+
+fn batch(step: usize, rows: std::ops::Range<usize>, device: &burn::tensor::Device<TB>) -> (Tensor<TB, 2>, Tensor<TB, 2>) {
+    let n = rows.len();
+    let x: Vec<f32> = rows.clone().flat_map(|r| (0..8).map(move |c| (((r * 31 + c * 17 + step * 13) % 23) as f32 - 11.0) / 7.0)).collect();
+    let y: Vec<f32> = rows.flat_map(|r| (0..4).map(move |c| (((r * 5 + c * 3 + step) % 7) as f32 - 3.0) / 3.0)).collect();
+    (Tensor::from_data(TensorData::new(x, [n, 8]), device), Tensor::from_data(TensorData::new(y, [n, 4]), device))
+}
+
+struct Dump(Vec<f32>);
+impl<BB: Backend> ModuleVisitor<BB> for Dump {
+    fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<BB, D>>) {
+        self.0.extend(p.val().into_data().convert::<f32>().to_vec::<f32>().unwrap());
+    }
+}
+
+/// `train <per-rank batch> <backward passes per step> <none|fp16|bf16> [hidden]`
+fn train(args: &[String]) -> burn_dist::Result<()> {
+    let b: usize = args[0].parse().unwrap();
+    let k: usize = args[1].parse().unwrap();
+    let compression = match args[2].as_str() {
+        "fp16" => Compression::Fp16,
+        "bf16" => Compression::Bf16,
+        _ => Compression::None,
+    };
+    let hidden: usize = args.get(3).map(|h| h.parse().unwrap()).unwrap_or(16);
+    let dist = burn_dist::init(&World::from_env()?, &options())?;
+    let device = Default::default();
+    TB::seed(&device, 42);
+    let model = Mlp::<TB>::new(hidden, &device);
+    let mut model = burn_dist::broadcast_parameters(dist.comm.as_ref(), model, 0)?;
+    let config = DistributedConfig {
+        sync: SyncConfig { compression, bucket_bytes: 256, ..SyncConfig::default() },
+        backward_passes_per_step: k,
+    };
+    let mut opt = DistributedOptimizer::new(SgdConfig::new().init(), dist.comm.clone(), config);
+    let rank = dist.rank();
+    for step in 0..5 {
+        let sub = b / k;
+        for pass in 0..k {
+            let start = rank * b + pass * sub;
+            let (x, y) = batch(step, start..start + sub, &device);
+            let loss = (model.forward(x) - y).powf_scalar(2.0).mean().div_scalar(k as f64);
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = opt.step(0.1, model, grads)?;
+        }
+    }
+    let mut dump = Dump(Vec::new());
+    model.visit(&mut dump);
+    let text: Vec<String> = dump.0.iter().map(|v| format!("{v:e}")).collect();
+    println!("PARAMS {}", text.join(","));
+    Ok(())
+}
+
+/// `loop <iterations> <elements> [die_rank die_after]`: repeated all-reduces; `die_rank` aborts
+/// after `die_after` iterations.
+fn all_reduce_loop(args: &[String]) -> burn_dist::Result<()> {
+    let iters: usize = args[0].parse().unwrap();
+    let len: usize = args[1].parse().unwrap();
+    let die: Option<(usize, usize)> = args.get(2).map(|r| (r.parse().unwrap(), args[3].parse().unwrap()));
+    let dist = burn_dist::init(&World::from_env()?, &options())?;
+    let comm = dist.comm.as_ref();
+    println!("READY");
+    let mut v = vec![1.0f32; len];
+    for i in 0..iters {
+        if let Some((r, after)) = die {
+            if r == comm.rank() && i == after {
+                eprintln!("rank {r} dies now");
+                std::process::abort();
+            }
+        }
+        v.iter_mut().for_each(|x| *x = 1.0);
+        comm.all_reduce(HostBuf::F32(&mut v), ReduceOp::Sum)?;
+        assert!(v.iter().all(|x| *x == comm.world_size() as f32));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    println!("LOOP OK");
+    Ok(())
+}
+
+/// `launch <nproc> <failing rank or -1>`: acts as the launcher; workers succeed except one.
+fn launch(args: &[String]) -> burn_dist::Result<()> {
+    let nproc: usize = args[0].parse().unwrap();
+    let fail: i64 = args[1].parse().unwrap();
+    let config = LaunchConfig { nproc_per_node: Some(nproc), master_port: 0, ..LaunchConfig::default() };
+    let world = burn_dist::launch_or_run(&config)?;
+    println!("worker {} of {} quiet={}", world.rank, world.world_size, !burn_dist::should_draw_progress());
+    if world.rank as i64 == fail {
+        std::process::exit(7);
+    }
+    // Healthy ranks would run for a long time; the launcher must stop them.
+    std::thread::sleep(Duration::from_secs(if fail >= 0 { 60 } else { 0 }));
+    Ok(())
+}

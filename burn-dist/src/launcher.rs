@@ -1,0 +1,285 @@
+//! The launcher: re-executes the current binary once per local rank with torchrun's environment,
+//! prefixes the workers' output with their rank, forwards Ctrl-C/SIGTERM, and stops everyone as
+//! soon as one worker fails.
+
+use crate::error::{DistError, Result};
+use crate::world::{DEFAULT_MASTER_PORT, JOB_TOKEN_ENV, QUIET_ENV, World};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long workers get to exit after SIGTERM before SIGKILL.
+const GRACE: Duration = Duration::from_secs(5);
+
+/// Launcher options (torchrun's `--nproc-per-node --nnodes --node-rank --master-addr --master-port`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Processes on this node; `None` = number of visible CUDA devices (with the `cuda` feature and
+    /// a driver), else 1.
+    pub nproc_per_node: Option<usize>,
+    /// Number of nodes.
+    pub nnodes: usize,
+    /// This node's index, `0..nnodes`.
+    pub node_rank: usize,
+    /// Host of rank 0 (node 0).
+    pub master_addr: String,
+    /// Port of rank 0's rendezvous store; 0 on a single node picks a free port.
+    pub master_port: u16,
+}
+
+impl Default for LaunchConfig {
+    fn default() -> Self {
+        Self { nproc_per_node: None, nnodes: 1, node_rank: 0, master_addr: "127.0.0.1".into(), master_port: DEFAULT_MASTER_PORT }
+    }
+}
+
+/// Number of CUDA devices visible to this process (0 without the `cuda` feature or a driver).
+/// Never panics: the driver library is probed before any call.
+pub fn visible_cuda_devices() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        crate::nccl::cuda_device_count()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        0
+    }
+}
+
+/// Whether this process was started as a worker (torchrun, SLURM, OpenMPI or our launcher's env).
+pub fn is_worker_env() -> bool {
+    ["RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK"].iter().any(|v| std::env::var_os(v).is_some())
+        || (std::env::var_os("SLURM_PROCID").is_some() && std::env::var_os("SLURM_NTASKS").is_some())
+}
+
+/// Whether this rank should draw progress bars (false on every rank the launcher marked quiet).
+pub fn should_draw_progress() -> bool {
+    std::env::var_os(QUIET_ENV).is_none()
+}
+
+/// Entry point for binaries: when the environment says we are a worker, or the job has a single
+/// process, returns this process's [`World`] so the caller runs the training. Otherwise acts as
+/// the launcher: starts the workers, supervises them and exits the process with status 0 when
+/// all succeed; on a failure it returns the error (print it and exit non-zero).
+///
+/// # Errors
+/// Invalid worker environment; the launcher's errors ([`DistError::WorkerFailed`],
+/// [`DistError::PortInUse`], [`DistError::Launch`]).
+pub fn launch_or_run(config: &LaunchConfig) -> Result<World> {
+    if is_worker_env() {
+        return World::from_env();
+    }
+    let nproc = config.nproc_per_node.unwrap_or_else(|| visible_cuda_devices().max(1));
+    if nproc * config.nnodes.max(1) <= 1 {
+        return World::from_env();
+    }
+    launch(config, nproc)?;
+    std::process::exit(0)
+}
+
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNAL.store(sig, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        let handler: extern "C" fn(libc::c_int) = on_signal;
+        // SAFETY: the handler only stores into an atomic, which is async-signal-safe; `signal`
+        // is called with a valid signal number and a valid function pointer.
+        unsafe {
+            libc::signal(sig, handler as libc::sighandler_t);
+        }
+    }
+}
+
+fn send_signal(child: &Child, sig: libc::c_int) {
+    // SAFETY: kill(2) on the pid of a child we spawned and have not reaped yet (callers check
+    // `try_wait` first), so the pid cannot have been reused.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, sig);
+    }
+}
+
+fn describe(status: ExitStatus) -> String {
+    if let Some(code) = status.code() {
+        return format!("exit code {code}");
+    }
+    match status.signal() {
+        Some(s) => {
+            let name = match s {
+                libc::SIGKILL => " (SIGKILL: killed, e.g. out of memory)",
+                libc::SIGSEGV => " (SIGSEGV)",
+                libc::SIGABRT => " (SIGABRT)",
+                libc::SIGTERM => " (SIGTERM)",
+                libc::SIGINT => " (SIGINT)",
+                libc::SIGBUS => " (SIGBUS)",
+                _ => "",
+            };
+            format!("signal {s}{name}")
+        }
+        None => "an unknown status".to_string(),
+    }
+}
+
+fn pump(rank: usize, src: impl Read + Send + 'static, to_stderr: bool) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(src);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match r.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {
+                    // Progress-bar redraws (\r) of quiet ranks are reduced to their last state.
+                    let text = line.rsplit(|b| *b == b'\r').find(|s| !s.is_empty() && *s != b"\n").unwrap_or(&line);
+                    let mut out = Vec::with_capacity(text.len() + 12);
+                    out.extend_from_slice(format!("[rank {rank}] ").as_bytes());
+                    out.extend_from_slice(text);
+                    if !out.ends_with(b"\n") {
+                        out.push(b'\n');
+                    }
+                    let _ = if to_stderr { std::io::stderr().lock().write_all(&out) } else { std::io::stdout().lock().write_all(&out) };
+                }
+            }
+        }
+    })
+}
+
+/// Starts `nproc` workers on this node (re-executing the current binary with the same arguments)
+/// and supervises them until all exit.
+///
+/// # Errors
+/// [`DistError::PortInUse`] when node 0 cannot bind the master port; [`DistError::Launch`] when a
+/// worker cannot be started or on Ctrl-C/SIGTERM; [`DistError::WorkerFailed`] naming the first
+/// rank that failed (the others are stopped within seconds).
+pub fn launch(config: &LaunchConfig, nproc: usize) -> Result<()> {
+    let nnodes = config.nnodes.max(1);
+    if config.node_rank >= nnodes {
+        return Err(DistError::Launch {
+            detail: format!("--node-rank {} must be smaller than --nnodes {nnodes}", config.node_rank),
+            source: None,
+        });
+    }
+    let mut port = config.master_port;
+    if config.node_rank == 0 {
+        let bind = format!("0.0.0.0:{port}");
+        let l = TcpListener::bind(&bind).map_err(|source| DistError::PortInUse { addr: bind.clone(), source })?;
+        if port == 0 {
+            port = l.local_addr().map(|a| a.port()).map_err(|source| DistError::PortInUse { addr: bind, source })?;
+        }
+    } else if port == 0 {
+        return Err(DistError::Launch { detail: "--master-port 0 (pick a free port) only works with a single node".into(), source: None });
+    }
+    let exe = std::env::current_exe().map_err(|e| DistError::Launch { detail: "cannot find the current executable".into(), source: Some(e) })?;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let token = std::env::var(JOB_TOKEN_ENV).unwrap_or_else(|_| format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()));
+    let world_size = nproc * nnodes;
+    install_signal_handlers();
+    let mut children: Vec<(usize, Child)> = Vec::with_capacity(nproc);
+    let mut pumps = Vec::new();
+    let mut spawn_err = None;
+    for local in 0..nproc {
+        let rank = config.node_rank * nproc + local;
+        let mut cmd = Command::new(&exe);
+        cmd.args(&args)
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", world_size.to_string())
+            .env("LOCAL_RANK", local.to_string())
+            .env("LOCAL_WORLD_SIZE", nproc.to_string())
+            .env("GROUP_RANK", config.node_rank.to_string())
+            .env("MASTER_ADDR", &config.master_addr)
+            .env("MASTER_PORT", port.to_string())
+            .env(JOB_TOKEN_ENV, &token);
+        if rank != 0 {
+            cmd.env(QUIET_ENV, "1").stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+        match cmd.spawn() {
+            Ok(mut child) => {
+                if let Some(o) = child.stdout.take() {
+                    pumps.push(pump(rank, o, false));
+                }
+                if let Some(e) = child.stderr.take() {
+                    pumps.push(pump(rank, e, true));
+                }
+                children.push((rank, child));
+            }
+            Err(e) => {
+                spawn_err = Some(DistError::Launch { detail: format!("could not start rank {rank} ({})", exe.display()), source: Some(e) });
+                break;
+            }
+        }
+    }
+    let result = supervise(&mut children, spawn_err);
+    for p in pumps {
+        let _ = p.join();
+    }
+    result
+}
+
+fn supervise(children: &mut [(usize, Child)], mut failure: Option<DistError>) -> Result<()> {
+    let mut running: Vec<bool> = vec![true; children.len()];
+    let mut stop_deadline: Option<Instant> = None;
+    let mut killed = false;
+    let mut need_term = failure.is_some();
+    loop {
+        for (i, (rank, child)) in children.iter_mut().enumerate() {
+            if !running[i] {
+                continue;
+            }
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    running[i] = false;
+                    if !status.success() && failure.is_none() {
+                        failure = Some(DistError::WorkerFailed { rank: *rank, pid: child.id(), status: describe(status) });
+                        need_term = true;
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    running[i] = false;
+                    failure.get_or_insert(DistError::Launch { detail: format!("cannot wait for rank {rank}"), source: Some(e) });
+                }
+            }
+        }
+        if !running.iter().any(|r| *r) {
+            break;
+        }
+        let sig = SIGNAL.swap(0, Ordering::SeqCst);
+        if sig != 0 {
+            terminate(children, &running, sig);
+            if failure.is_none() {
+                failure = Some(DistError::Launch { detail: format!("interrupted by signal {sig}; stopped all ranks"), source: None });
+            }
+            stop_deadline.get_or_insert(Instant::now() + GRACE);
+        }
+        if need_term {
+            need_term = false;
+            terminate(children, &running, libc::SIGTERM);
+            stop_deadline.get_or_insert(Instant::now() + GRACE);
+        }
+        if let Some(d) = stop_deadline {
+            if !killed && Instant::now() >= d {
+                terminate(children, &running, libc::SIGKILL);
+                killed = true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+fn terminate(children: &[(usize, Child)], running: &[bool], sig: libc::c_int) {
+    for (i, (_, child)) in children.iter().enumerate() {
+        if running[i] {
+            send_signal(child, sig);
+        }
+    }
+}
