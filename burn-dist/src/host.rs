@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 const CHUNK_BYTES: usize = 1 << 20;
 /// Store key where the first rank that observes a failure records it (root cause for the others).
 const FAILURE_KEY: &str = "burn-dist/host/failure";
+/// How long rank 0 keeps serving the store after a failed collective.
+const STORE_LINGER: Duration = Duration::from_secs(2);
 /// Socket buffer size requested (the kernel may clamp it).
 const SOCKET_BUFFER: libc::c_int = 8 << 20;
 
@@ -200,6 +202,11 @@ impl Host {
         links.broken = Some(err.to_string());
         let _ = links.next.shutdown(Shutdown::Both);
         let _ = links.prev.shutdown(Shutdown::Both);
+        if self.rank == 0 {
+            // Rank 0 serves the store: keep it up a moment so the other ranks can read the root
+            // cause before this process (typically) exits on the error.
+            std::thread::sleep(STORE_LINGER.min(self.timeout));
+        }
         Err(err)
     }
 

@@ -436,7 +436,10 @@ impl Store {
         let prefix = format!("barrier/{name}/{generation}");
         self.set(&format!("{prefix}/{}", self.rank), &[1])?;
         let keys: Vec<String> = (0..self.world_size).map(|r| format!("{prefix}/{r}")).collect();
-        let missing = self.wait_missing(&keys, timeout)?;
+        // Rank 0 serves the store: it waits a little longer so that the others get their answer
+        // before it (typically) exits on the same timeout.
+        let wait = if self.rank == 0 { timeout + Duration::from_secs(1) } else { timeout };
+        let missing = self.wait_missing(&keys, wait)?;
         if missing.is_empty() {
             return Ok(());
         }
