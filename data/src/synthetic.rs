@@ -169,6 +169,111 @@ pub fn generate(
     Ok(summary)
 }
 
+/// Marker written after [`generate_imagenet_like`]'s last image.
+pub const IMAGENET_LIKE_MARKER: &str = ".imagenet-like-complete";
+
+/// Writes `n` ImageNet-like JPEGs for benchmarks: 10 class folders (`n0000000k`), files
+/// `img_XXXXXX.JPEG`, four in five 500×375 and one in five 375×500, quality 90, with smooth
+/// regions, edges, mid-frequency texture and noise so they compress roughly like photos.
+/// Deterministic from `seed`. Returns `false` (and writes nothing) when a complete set of the
+/// same `n` and `seed` is already there.
+///
+/// # Errors
+/// [`DataError::Write`] / [`DataError::Encode`] when a file cannot be written.
+pub fn generate_imagenet_like(
+    root: impl AsRef<Path>,
+    n: usize,
+    seed: u64,
+) -> Result<bool, DataError> {
+    let root = root.as_ref();
+    let marker = root.join(IMAGENET_LIKE_MARKER);
+    let stamp = format!("{n} {seed}\n");
+    if std::fs::read_to_string(&marker).is_ok_and(|m| m == stamp) {
+        return Ok(false);
+    }
+    let write_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| DataError::Write { path, source }
+    };
+    if root.exists() {
+        std::fs::remove_dir_all(root).map_err(write_err(root))?;
+    }
+    let classes = 10;
+    for k in 0..classes {
+        let dir = root.join(format!("n{k:08}"));
+        std::fs::create_dir_all(&dir).map_err(write_err(&dir))?;
+    }
+    (0..n).into_par_iter().try_for_each(|i| {
+        let (w, h) = if i % 5 == 4 { (375, 500) } else { (500, 375) };
+        let mut rng =
+            ChaCha8Rng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let px = photo_like(&mut rng, w, h);
+        let path = root.join(format!("n{:08}/img_{i:06}.JPEG", i % classes));
+        write_jpeg(&path, &px, w, h, 90)
+    })?;
+    std::fs::write(&marker, stamp).map_err(write_err(&marker))?;
+    Ok(true)
+}
+
+/// Photo-like content: a bilinearly upsampled random colour grid, a few solid discs (edges), a
+/// sinusoidal texture and noise.
+fn photo_like(rng: &mut ChaCha8Rng, w: u32, h: u32) -> Vec<u8> {
+    let (gw, gh) = (12usize, 9usize);
+    let colour = |rng: &mut ChaCha8Rng| -> [f32; 3] {
+        [
+            rng.random_range(0.0f32..255.0),
+            rng.random_range(0.0f32..255.0),
+            rng.random_range(0.0f32..255.0),
+        ]
+    };
+    let grid: Vec<[f32; 3]> = (0..gw * gh).map(|_| colour(rng)).collect();
+    let discs: Vec<(f32, f32, f32, [f32; 3])> = (0..6)
+        .map(|_| {
+            (
+                rng.random_range(0.0..w as f32),
+                rng.random_range(0.0..h as f32),
+                rng.random_range(20.0f32..120.0),
+                colour(rng),
+            )
+        })
+        .collect();
+    let (fx, fy) = (
+        rng.random_range(0.05f32..0.4),
+        rng.random_range(0.05f32..0.4),
+    );
+    let mut state = rng.random::<u64>() | 1;
+    let mut px = Vec::with_capacity(3 * w as usize * h as usize);
+    for y in 0..h {
+        for x in 0..w {
+            let gx = x as f32 / w as f32 * (gw - 1) as f32;
+            let gy = y as f32 / h as f32 * (gh - 1) as f32;
+            let (x0, y0) = (gx as usize, gy as usize);
+            let (x1, y1) = ((x0 + 1).min(gw - 1), (y0 + 1).min(gh - 1));
+            let (tx, ty) = (gx - x0 as f32, gy - y0 as f32);
+            let texture = 18.0 * (x as f32 * fx).sin() * (y as f32 * fy).cos();
+            let mut c = [0f32; 3];
+            for (ch, v) in c.iter_mut().enumerate() {
+                let a = grid[y0 * gw + x0][ch] * (1.0 - tx) + grid[y0 * gw + x1][ch] * tx;
+                let b = grid[y1 * gw + x0][ch] * (1.0 - tx) + grid[y1 * gw + x1][ch] * tx;
+                *v = a * (1.0 - ty) + b * ty + texture;
+            }
+            for &(cx, cy, r, col) in &discs {
+                if (x as f32 - cx).powi(2) + (y as f32 - cy).powi(2) < r * r {
+                    c = col;
+                }
+            }
+            for v in c {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let noise = ((state >> 56) as f32 - 128.0) / 128.0 * 12.0;
+                px.push((v + noise).clamp(0.0, 255.0) as u8);
+            }
+        }
+    }
+    px
+}
+
 /// Encodes packed RGB as a JPEG file.
 fn write_jpeg(path: &Path, rgb: &[u8], w: u32, h: u32, quality: u8) -> Result<(), DataError> {
     let file = File::create(path).map_err(|source| DataError::Write {
