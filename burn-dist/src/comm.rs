@@ -68,7 +68,10 @@ macro_rules! native_element {
             fn reduce(op: ReduceOp, acc: &mut [Self], other: &[Self]) {
                 let add: fn($t, $t) -> $t = $add;
                 match op {
-                    ReduceOp::Sum | ReduceOp::Avg => acc.iter_mut().zip(other).for_each(|(a, b)| *a = add(*a, *b)),
+                    ReduceOp::Sum | ReduceOp::Avg => acc
+                        .iter_mut()
+                        .zip(other)
+                        .for_each(|(a, b)| *a = add(*a, *b)),
                     ReduceOp::Max => acc.iter_mut().zip(other).for_each(|(a, b)| {
                         if *b > *a {
                             *a = *b
@@ -94,14 +97,24 @@ macro_rules! native_element {
 
 native_element!(f32, DType::F32, F32, |a, b| a + b, |a, n| a / n as f32);
 native_element!(f64, DType::F64, F64, |a, b| a + b, |a, n| a / n as f64);
-native_element!(i64, DType::I64, I64, |a, b| a.wrapping_add(b), |a, n| a / n as i64);
-native_element!(u8, DType::U8, U8, |a, b| a.wrapping_add(b), |a, n| a / n.clamp(1, 255) as u8);
-native_element!(f16, DType::F16, F16, |a, b| f16::from_f32(a.to_f32() + b.to_f32()), |a, n| f16::from_f32(
-    a.to_f32() / n as f32
-));
-native_element!(bf16, DType::BF16, BF16, |a, b| bf16::from_f32(a.to_f32() + b.to_f32()), |a, n| bf16::from_f32(
-    a.to_f32() / n as f32
-));
+native_element!(i64, DType::I64, I64, |a, b| a.wrapping_add(b), |a, n| a / n
+    as i64);
+native_element!(u8, DType::U8, U8, |a, b| a.wrapping_add(b), |a, n| a
+    / n.clamp(1, 255) as u8);
+native_element!(
+    f16,
+    DType::F16,
+    F16,
+    |a, b| f16::from_f32(a.to_f32() + b.to_f32()),
+    |a, n| f16::from_f32(a.to_f32() / n as f32)
+);
+native_element!(
+    bf16,
+    DType::BF16,
+    BF16,
+    |a, b| bf16::from_f32(a.to_f32() + b.to_f32()),
+    |a, n| bf16::from_f32(a.to_f32() / n as f32)
+);
 
 /// A host buffer of one of the supported element types, reduced in place.
 #[derive(Debug)]

@@ -77,7 +77,9 @@ pub enum DistError {
         waited: Duration,
     },
     /// The store connection failed or the server answered something unexpected.
-    #[error("rendezvous store at {addr}: {detail}; rank 0 (which serves the store) may have exited")]
+    #[error(
+        "rendezvous store at {addr}: {detail}; rank 0 (which serves the store) may have exited"
+    )]
     Store {
         /// The store address.
         addr: String,
@@ -88,7 +90,9 @@ pub enum DistError {
         source: Option<std::io::Error>,
     },
     /// The store rejected the handshake (wrong token or version).
-    #[error("rendezvous store at {addr} rejected rank {rank}'s handshake ({reason}); was this process started by the same launcher (BURN_DIST_JOB_TOKEN) and the same burn-dist version?")]
+    #[error(
+        "rendezvous store at {addr} rejected rank {rank}'s handshake ({reason}); was this process started by the same launcher (BURN_DIST_JOB_TOKEN) and the same burn-dist version?"
+    )]
     Handshake {
         /// The store address.
         addr: String,
@@ -125,7 +129,9 @@ pub enum DistError {
         deadline: Duration,
     },
     /// Ranks called different collectives, or with different sizes/types.
-    #[error("collective mismatch on rank {rank}: this rank runs {ours}, rank {peer} runs {theirs}; every rank must issue the same collectives in the same order")]
+    #[error(
+        "collective mismatch on rank {rank}: this rank runs {ours}, rank {peer} runs {theirs}; every rank must issue the same collectives in the same order"
+    )]
     CollectiveMismatch {
         /// This rank.
         rank: usize,
@@ -137,7 +143,9 @@ pub enum DistError {
         theirs: String,
     },
     /// The communicator is unusable after an earlier failure.
-    #[error("the communicator of rank {rank} is broken after an earlier error ({first}); restart the job (resume from the last checkpoint)")]
+    #[error(
+        "the communicator of rank {rank} is broken after an earlier error ({first}); restart the job (resume from the last checkpoint)"
+    )]
     Broken {
         /// This rank.
         rank: usize,
@@ -145,7 +153,9 @@ pub enum DistError {
         first: String,
     },
     /// The models differ across ranks.
-    #[error("model mismatch between rank {rank} and rank {other_rank}: {difference}; every rank must build the same model (same config, same code)")]
+    #[error(
+        "model mismatch between rank {rank} and rank {other_rank}: {difference}; every rank must build the same model (same config, same code)"
+    )]
     ModelMismatch {
         /// This rank.
         rank: usize,
@@ -177,7 +187,9 @@ pub enum DistError {
         detail: String,
     },
     /// The NCCL backend was asked for but the crate was built without the `cuda` feature.
-    #[error("the NCCL backend needs burn-dist built with the `cuda` cargo feature; rebuild with `--features cuda` or use the host backend")]
+    #[error(
+        "the NCCL backend needs burn-dist built with the `cuda` cargo feature; rebuild with `--features cuda` or use the host backend"
+    )]
     NotCompiledWithCuda,
     /// NCCL (or the CUDA driver) cannot be loaded.
     #[error("{library} could not be loaded (tried {tried:?}); {hint}")]
@@ -190,7 +202,9 @@ pub enum DistError {
         hint: String,
     },
     /// An NCCL or CUDA call failed.
-    #[error("{op} failed on rank {rank}: {detail}; set NCCL_DEBUG=INFO for details (and NCCL_SOCKET_IFNAME if the wrong network interface is used)")]
+    #[error(
+        "{op} failed on rank {rank}: {detail}; set NCCL_DEBUG=INFO for details (and NCCL_SOCKET_IFNAME if the wrong network interface is used)"
+    )]
     Nccl {
         /// The call.
         op: &'static str,
@@ -209,7 +223,9 @@ pub enum DistError {
         source: Option<std::io::Error>,
     },
     /// A worker exited with failure.
-    #[error("rank {rank} (pid {pid}) exited with {status}; the other ranks were stopped. See rank {rank}'s output above for the root cause")]
+    #[error(
+        "rank {rank} (pid {pid}) exited with {status}; the other ranks were stopped. See rank {rank}'s output above for the root cause"
+    )]
     WorkerFailed {
         /// The rank.
         rank: usize,

@@ -46,12 +46,20 @@ pub struct Host {
 
 impl std::fmt::Debug for Host {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Host").field("rank", &self.rank).field("world_size", &self.world_size).finish()
+        f.debug_struct("Host")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .finish()
     }
 }
 
 fn io_err(rank: usize, what: &str, addr: &str, source: io::Error) -> DistError {
-    DistError::Io { rank, what: what.to_string(), addr: addr.to_string(), source }
+    DistError::Io {
+        rank,
+        what: what.to_string(),
+        addr: addr.to_string(),
+        source,
+    }
 }
 
 fn tune(s: &TcpStream, timeout: Duration) -> io::Result<()> {
@@ -79,7 +87,13 @@ fn tune(s: &TcpStream, timeout: Duration) -> io::Result<()> {
 impl Host {
     /// A communicator for a world of one process: every collective is a no-op.
     pub fn single() -> Self {
-        Self { rank: 0, world_size: 1, timeout: crate::comm::DEFAULT_TIMEOUT, store: None, links: None }
+        Self {
+            rank: 0,
+            world_size: 1,
+            timeout: crate::comm::DEFAULT_TIMEOUT,
+            store: None,
+            links: None,
+        }
     }
 
     /// Connects the ring: every rank listens on an ephemeral port, publishes it through `store`,
@@ -93,12 +107,26 @@ impl Host {
         let rank = world.rank;
         let n = world.world_size;
         if n == 1 {
-            return Ok(Self { rank, world_size: 1, timeout, store: Some(store), links: None });
+            return Ok(Self {
+                rank,
+                world_size: 1,
+                timeout,
+                store: Some(store),
+                links: None,
+            });
         }
-        let ip = store.local_ip().unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
-        let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| io_err(rank, "binding the ring port", &ip.to_string(), e))?;
-        let me = listener.local_addr().map_err(|e| io_err(rank, "reading the ring port", &ip.to_string(), e))?;
-        store.set(&format!("burn-dist/host/addr/{rank}"), me.to_string().as_bytes())?;
+        let ip = store
+            .local_ip()
+            .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+            .map_err(|e| io_err(rank, "binding the ring port", &ip.to_string(), e))?;
+        let me = listener
+            .local_addr()
+            .map_err(|e| io_err(rank, "reading the ring port", &ip.to_string(), e))?;
+        store.set(
+            &format!("burn-dist/host/addr/{rank}"),
+            me.to_string().as_bytes(),
+        )?;
         let next_rank = (rank + 1) % n;
         let prev_rank = (rank + n - 1) % n;
         let next_addr = store.get(&format!("burn-dist/host/addr/{next_rank}"), timeout)?;
@@ -116,7 +144,10 @@ impl Host {
                 match TcpStream::connect_timeout(&sa, Duration::from_secs(5)) {
                     Ok(mut s) => {
                         tune(&s, timeout)?;
-                        wire::write_frame(&mut s, &wire::handshake_bytes(ConnKind::Ring, rank, &token))?;
+                        wire::write_frame(
+                            &mut s,
+                            &wire::handshake_bytes(ConnKind::Ring, rank, &token),
+                        )?;
                         return Ok(s);
                     }
                     Err(e) if start.elapsed() >= timeout => return Err(e),
@@ -127,43 +158,84 @@ impl Host {
         let prev = Self::accept_prev(&listener, rank, prev_rank, &world.job_token, timeout)?;
         let next = connector
             .join()
-            .map_err(|_| io_err(rank, "connecting to the next rank (thread panicked)", &next_addr, io::Error::other("panic")))?
-            .map_err(|e| io_err(rank, &format!("connecting to rank {next_rank}"), &next_addr, e))?;
+            .map_err(|_| {
+                io_err(
+                    rank,
+                    "connecting to the next rank (thread panicked)",
+                    &next_addr,
+                    io::Error::other("panic"),
+                )
+            })?
+            .map_err(|e| {
+                io_err(
+                    rank,
+                    &format!("connecting to rank {next_rank}"),
+                    &next_addr,
+                    e,
+                )
+            })?;
         let host = Self {
             rank,
             world_size: n,
             timeout,
             store: Some(store),
-            links: Some(Mutex::new(Links { next, prev, seq: 0, broken: None })),
+            links: Some(Mutex::new(Links {
+                next,
+                prev,
+                seq: 0,
+                broken: None,
+            })),
         };
         host.barrier()?;
         Ok(host)
     }
 
-    fn accept_prev(listener: &TcpListener, rank: usize, prev_rank: usize, token: &str, timeout: Duration) -> Result<TcpStream> {
-        let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
-        listener.set_nonblocking(true).map_err(|e| io_err(rank, "configuring the ring port", &addr, e))?;
+    fn accept_prev(
+        listener: &TcpListener,
+        rank: usize,
+        prev_rank: usize,
+        token: &str,
+        timeout: Duration,
+    ) -> Result<TcpStream> {
+        let addr = listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| io_err(rank, "configuring the ring port", &addr, e))?;
         let start = Instant::now();
         loop {
             match listener.accept() {
                 Ok((mut s, peer)) => {
-                    s.set_nonblocking(false).map_err(|e| io_err(rank, "configuring a ring socket", &addr, e))?;
+                    s.set_nonblocking(false)
+                        .map_err(|e| io_err(rank, "configuring a ring socket", &addr, e))?;
                     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
                     let checked = wire::read_frame(&mut s, wire::MAX_HANDSHAKE)
                         .map_err(|e| e.to_string())
                         .and_then(|hs| wire::check_handshake(&hs, ConnKind::Ring, token));
                     match checked {
                         Ok(r) if r == prev_rank => {
-                            tune(&s, timeout).map_err(|e| io_err(rank, "configuring a ring socket", &addr, e))?;
+                            tune(&s, timeout)
+                                .map_err(|e| io_err(rank, "configuring a ring socket", &addr, e))?;
                             return Ok(s);
                         }
-                        Ok(r) => eprintln!("[burn-dist rank {rank}] dropped ring connection from {peer}: rank {r}, expected {prev_rank}"),
-                        Err(reason) => eprintln!("[burn-dist rank {rank}] dropped ring connection from {peer}: {reason}"),
+                        Ok(r) => eprintln!(
+                            "[burn-dist rank {rank}] dropped ring connection from {peer}: rank {r}, expected {prev_rank}"
+                        ),
+                        Err(reason) => eprintln!(
+                            "[burn-dist rank {rank}] dropped ring connection from {peer}: {reason}"
+                        ),
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if start.elapsed() >= timeout {
-                        return Err(DistError::Timeout { op: "connecting the ring", rank, peer: prev_rank, deadline: timeout });
+                        return Err(DistError::Timeout {
+                            op: "connecting the ring",
+                            rank,
+                            peer: prev_rank,
+                            deadline: timeout,
+                        });
                     }
                     std::thread::sleep(Duration::from_millis(10));
                 }
@@ -178,22 +250,34 @@ impl Host {
         if let Some(l) = &self.links {
             let l = l.lock().unwrap_or_else(|e| e.into_inner());
             for s in [&l.next, &l.prev] {
-                tune(s, timeout).map_err(|e| io_err(self.rank, "setting socket timeouts", "", e))?;
+                tune(s, timeout)
+                    .map_err(|e| io_err(self.rank, "setting socket timeouts", "", e))?;
             }
         }
         Ok(())
     }
 
     fn links(&self) -> Option<MutexGuard<'_, Links>> {
-        self.links.as_ref().map(|l| l.lock().unwrap_or_else(|e| e.into_inner()))
+        self.links
+            .as_ref()
+            .map(|l| l.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Runs `f` on the links with failure bookkeeping: a failed collective poisons the communicator
     /// and records the root cause in the store for the other ranks.
-    fn run(&self, op: &'static str, f: impl FnOnce(&mut Links) -> Result<(), RingError>) -> Result<()> {
-        let Some(mut links) = self.links() else { return Ok(()) };
+    fn run(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut Links) -> Result<(), RingError>,
+    ) -> Result<()> {
+        let Some(mut links) = self.links() else {
+            return Ok(());
+        };
         if let Some(first) = &links.broken {
-            return Err(DistError::Broken { rank: self.rank, first: first.clone() });
+            return Err(DistError::Broken {
+                rank: self.rank,
+                first: first.clone(),
+            });
         }
         links.seq += 1;
         let result = f(&mut links);
@@ -215,51 +299,85 @@ impl Host {
         let (peer, detail, timed_out, mismatch) = match e {
             RingError::Recv(e) => ((self.rank + n - 1) % n, e.to_string(), is_timeout(&e), None),
             RingError::Send(e) => ((self.rank + 1) % n, e.to_string(), is_timeout(&e), None),
-            RingError::Mismatch { ours, theirs } => ((self.rank + n - 1) % n, String::new(), false, Some((ours, theirs))),
+            RingError::Mismatch { ours, theirs } => (
+                (self.rank + n - 1) % n,
+                String::new(),
+                false,
+                Some((ours, theirs)),
+            ),
         };
         if let Some((ours, theirs)) = mismatch {
-            return DistError::CollectiveMismatch { rank: self.rank, peer, ours, theirs };
+            return DistError::CollectiveMismatch {
+                rank: self.rank,
+                peer,
+                ours,
+                theirs,
+            };
         }
         // Was this the echo of a failure another rank already observed? Then name its root cause.
         if let Some(store) = &self.store {
-            if let Ok(missing) = store.wait_missing(&[FAILURE_KEY.to_string()], Duration::from_millis(500)) {
-                if missing.is_empty() {
-                    if let Ok(Some(v)) = store.try_get(FAILURE_KEY) {
-                        let s = String::from_utf8_lossy(&v).into_owned();
-                        if let Some((root, what)) = s.split_once(' ') {
-                            if let Ok(root) = root.parse::<usize>() {
-                                if root != self.rank {
-                                    return DistError::PeerFailed {
-                                        op,
-                                        rank: self.rank,
-                                        peer: root,
-                                        detail: format!("failed first ({what}); this rank saw: {detail}"),
-                                    };
-                                }
-                            }
-                        }
+            match store.wait_missing(&[FAILURE_KEY.to_string()], Duration::from_millis(500)) {
+                Ok(missing) if missing.is_empty() => {
+                    if let Some((root, what)) =
+                        store.try_get(FAILURE_KEY).ok().flatten().and_then(|v| {
+                            let s = String::from_utf8_lossy(&v).into_owned();
+                            let (root, what) = s.split_once(' ')?;
+                            Some((root.parse::<usize>().ok()?, what.to_string()))
+                        })
+                        && root != self.rank
+                    {
+                        return DistError::PeerFailed {
+                            op,
+                            rank: self.rank,
+                            peer: root,
+                            detail: format!("failed first ({what}); this rank saw: {detail}"),
+                        };
                     }
                 }
-            } else {
-                // The store is gone: rank 0 (its server) is down.
-                if peer != 0 && self.rank != 0 {
-                    return DistError::PeerFailed { op, rank: self.rank, peer: 0, detail: format!("is unreachable (its rendezvous store is gone); this rank saw: {detail}") };
+                Ok(_) => {}
+                Err(_) if peer != 0 && self.rank != 0 => {
+                    // The store is gone: rank 0 (its server) is down.
+                    return DistError::PeerFailed {
+                        op,
+                        rank: self.rank,
+                        peer: 0,
+                        detail: format!(
+                            "is unreachable (its rendezvous store is gone); this rank saw: {detail}"
+                        ),
+                    };
                 }
+                Err(_) => {}
             }
         }
         if timed_out {
-            return DistError::Timeout { op, rank: self.rank, peer, deadline: self.timeout };
+            return DistError::Timeout {
+                op,
+                rank: self.rank,
+                peer,
+                deadline: self.timeout,
+            };
         }
-        let what = format!("closed the connection or died ({detail}), seen by rank {}", self.rank);
+        let what = format!(
+            "closed the connection or died ({detail}), seen by rank {}",
+            self.rank
+        );
         if let Some(store) = &self.store {
             let _ = store.set(FAILURE_KEY, format!("{peer} {what}").as_bytes());
         }
-        DistError::PeerFailed { op, rank: self.rank, peer, detail: format!("closed the connection or died ({detail})") }
+        DistError::PeerFailed {
+            op,
+            rank: self.rank,
+            peer,
+            detail: format!("closed the connection or died ({detail})"),
+        }
     }
 }
 
 fn is_timeout(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 /// What went wrong inside a ring pass.
@@ -292,7 +410,13 @@ fn describe(h: &[u8; 32]) -> String {
         _ => "an unknown collective",
     };
     let u = |r: std::ops::Range<usize>| h[r].try_into().map(u64::from_le_bytes).unwrap_or(0);
-    format!("{op} #{} of {} elements (dtype {}, arg {})", u(0..8), u(10..18), h[9], u(18..26))
+    format!(
+        "{op} #{} of {} elements (dtype {}, arg {})",
+        u(0..8),
+        u(10..18),
+        h[9],
+        u(18..26)
+    )
 }
 
 /// Segment `i` of `n` of a buffer of `len` elements: the first `len % n` get one extra element.
@@ -305,7 +429,9 @@ fn segment(len: usize, n: usize, i: usize) -> std::ops::Range<usize> {
 
 fn chunks(r: std::ops::Range<usize>, chunk: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
     let chunk = chunk.max(1);
-    r.clone().step_by(chunk).map(move |s| s..(s + chunk).min(r.end))
+    r.clone()
+        .step_by(chunk)
+        .map(move |s| s..(s + chunk).min(r.end))
 }
 
 /// One ring pass: a sender thread writes messages to `next` in FIFO order while `body` reads from
@@ -313,7 +439,11 @@ fn chunks(r: std::ops::Range<usize>, chunk: usize) -> impl Iterator<Item = std::
 fn ring_pass<T: Element>(
     links: &mut Links,
     hdr: [u8; 32],
-    body: impl FnOnce(&mut TcpStream, &mpsc::Sender<Msg<T>>, &mpsc::Receiver<Vec<T>>) -> Result<(), RingError>,
+    body: impl FnOnce(
+        &mut TcpStream,
+        &mpsc::Sender<Msg<T>>,
+        &mpsc::Receiver<Vec<T>>,
+    ) -> Result<(), RingError>,
 ) -> Result<(), RingError> {
     let next = &mut links.next;
     let prev = &mut links.prev;
@@ -344,7 +474,10 @@ fn ring_pass<T: Element>(
             let mut theirs = [0u8; 32];
             prev.read_exact(&mut theirs).map_err(RingError::Recv)?;
             if theirs != hdr {
-                return Err(RingError::Mismatch { ours: describe(&hdr), theirs: describe(&theirs) });
+                return Err(RingError::Mismatch {
+                    ours: describe(&hdr),
+                    theirs: describe(&theirs),
+                });
             }
             body(prev, &tx, &ret_rx)
         };
@@ -353,7 +486,9 @@ fn ring_pass<T: Element>(
         if result.is_err() {
             let _ = next_shut.shutdown(Shutdown::Both);
         }
-        let sent = sender.join().unwrap_or_else(|_| Err(io::Error::other("sender thread panicked")));
+        let sent = sender
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("sender thread panicked")));
         match (result, sent) {
             (_, Err(e)) => Err(RingError::Send(e)),
             (r, Ok(())) => r,
@@ -368,10 +503,17 @@ fn take_buf<T: Element>(pool: &mpsc::Receiver<Vec<T>>, len: usize) -> Vec<T> {
 }
 
 fn recv_into<T: Element>(prev: &mut TcpStream, buf: &mut [T]) -> Result<(), RingError> {
-    prev.read_exact(bytemuck::cast_slice_mut(buf)).map_err(RingError::Recv)
+    prev.read_exact(bytemuck::cast_slice_mut(buf))
+        .map_err(RingError::Recv)
 }
 
-fn ring_all_reduce<T: Element>(links: &mut Links, rank: usize, n: usize, data: &mut [T], op: ReduceOp) -> Result<(), RingError> {
+fn ring_all_reduce<T: Element>(
+    links: &mut Links,
+    rank: usize,
+    n: usize,
+    data: &mut [T],
+    op: ReduceOp,
+) -> Result<(), RingError> {
     let hdr = header(links.seq, OP_ALL_REDUCE, T::DTYPE, data.len(), op as u64);
     let chunk = (CHUNK_BYTES / std::mem::size_of::<T>()).max(1);
     let len = data.len();
@@ -414,7 +556,14 @@ fn ring_all_reduce<T: Element>(links: &mut Links, rank: usize, n: usize, data: &
     })
 }
 
-fn ring_broadcast(links: &mut Links, rank: usize, n: usize, data: &mut [u8], root: usize, dtype: DType) -> Result<(), RingError> {
+fn ring_broadcast(
+    links: &mut Links,
+    rank: usize,
+    n: usize,
+    data: &mut [u8],
+    root: usize,
+    dtype: DType,
+) -> Result<(), RingError> {
     let hdr = header(links.seq, OP_BROADCAST, dtype, data.len(), root as u64);
     let forward = (rank + 1) % n != root;
     ring_pass::<u8>(links, hdr, |prev, tx, pool| {
@@ -436,7 +585,13 @@ fn ring_broadcast(links: &mut Links, rank: usize, n: usize, data: &mut [u8], roo
     })
 }
 
-fn ring_all_gather(links: &mut Links, rank: usize, n: usize, data: &mut [u8], dtype: DType) -> Result<(), RingError> {
+fn ring_all_gather(
+    links: &mut Links,
+    rank: usize,
+    n: usize,
+    data: &mut [u8],
+    dtype: DType,
+) -> Result<(), RingError> {
     let hdr = header(links.seq, OP_ALL_GATHER, dtype, data.len(), 0);
     let block = data.len() / n;
     ring_pass::<u8>(links, hdr, |prev, tx, pool| {
@@ -491,21 +646,32 @@ impl Communicator for Host {
 
     fn broadcast(&self, mut buf: HostBuf<'_>, root: usize) -> Result<()> {
         if root >= self.world_size {
-            return Err(DistError::InvalidBuffer { op: "broadcast", detail: format!("root {root} ≥ world size {}", self.world_size) });
-        }
-        let (rank, n, dtype) = (self.rank, self.world_size, buf.dtype());
-        self.run("broadcast", |l| ring_broadcast(l, rank, n, buf.bytes_mut(), root, dtype))
-    }
-
-    fn all_gather(&self, mut buf: HostBuf<'_>) -> Result<()> {
-        if buf.len() % self.world_size != 0 {
             return Err(DistError::InvalidBuffer {
-                op: "all_gather",
-                detail: format!("length {} is not a multiple of the world size {}", buf.len(), self.world_size),
+                op: "broadcast",
+                detail: format!("root {root} ≥ world size {}", self.world_size),
             });
         }
         let (rank, n, dtype) = (self.rank, self.world_size, buf.dtype());
-        self.run("all_gather", |l| ring_all_gather(l, rank, n, buf.bytes_mut(), dtype))
+        self.run("broadcast", |l| {
+            ring_broadcast(l, rank, n, buf.bytes_mut(), root, dtype)
+        })
+    }
+
+    fn all_gather(&self, mut buf: HostBuf<'_>) -> Result<()> {
+        if !buf.len().is_multiple_of(self.world_size) {
+            return Err(DistError::InvalidBuffer {
+                op: "all_gather",
+                detail: format!(
+                    "length {} is not a multiple of the world size {}",
+                    buf.len(),
+                    self.world_size
+                ),
+            });
+        }
+        let (rank, n, dtype) = (self.rank, self.world_size, buf.dtype());
+        self.run("all_gather", |l| {
+            ring_all_gather(l, rank, n, buf.bytes_mut(), dtype)
+        })
     }
 
     fn barrier(&self) -> Result<()> {
@@ -534,12 +700,23 @@ mod tests {
     }
 
     fn world(rank: usize, n: usize, port: u16) -> World {
-        World { rank, world_size: n, local_rank: rank, local_world_size: n, master_addr: "127.0.0.1".into(), master_port: port, job_token: "t".into() }
+        World {
+            rank,
+            world_size: n,
+            local_rank: rank,
+            local_world_size: n,
+            master_addr: "127.0.0.1".into(),
+            master_port: port,
+            job_token: "t".into(),
+        }
     }
 
     #[test]
     fn threads_all_reduce() {
-        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("port");
         let n = 3;
         let t = Duration::from_secs(10);
         let handles: Vec<_> = (0..n)
@@ -549,7 +726,8 @@ mod tests {
                     let store = Arc::new(Store::rendezvous(&w, t).expect("store"));
                     let h = Host::new(&w, store, t).expect("host");
                     let mut v: Vec<f32> = (0..1_000_003).map(|i| (i % 7 + r) as f32).collect();
-                    h.all_reduce(HostBuf::F32(&mut v), ReduceOp::Sum).expect("allreduce");
+                    h.all_reduce(HostBuf::F32(&mut v), ReduceOp::Sum)
+                        .expect("allreduce");
                     let mut b = vec![r as u8; 10];
                     h.broadcast(HostBuf::U8(&mut b), 2).expect("bcast");
                     assert_eq!(b, vec![2u8; 10]);
@@ -558,7 +736,10 @@ mod tests {
                 })
             })
             .collect();
-        let res: Vec<Vec<f32>> = handles.into_iter().map(|h| h.join().expect("join")).collect();
+        let res: Vec<Vec<f32>> = handles
+            .into_iter()
+            .map(|h| h.join().expect("join"))
+            .collect();
         for (i, x) in res[0].iter().enumerate() {
             assert_eq!(*x, (3 * (i % 7) + 3) as f32);
         }

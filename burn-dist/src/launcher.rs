@@ -32,7 +32,13 @@ pub struct LaunchConfig {
 
 impl Default for LaunchConfig {
     fn default() -> Self {
-        Self { nproc_per_node: None, nnodes: 1, node_rank: 0, master_addr: "127.0.0.1".into(), master_port: DEFAULT_MASTER_PORT }
+        Self {
+            nproc_per_node: None,
+            nnodes: 1,
+            node_rank: 0,
+            master_addr: "127.0.0.1".into(),
+            master_port: DEFAULT_MASTER_PORT,
+        }
     }
 }
 
@@ -51,8 +57,11 @@ pub fn visible_cuda_devices() -> usize {
 
 /// Whether this process was started as a worker (torchrun, SLURM, OpenMPI or our launcher's env).
 pub fn is_worker_env() -> bool {
-    ["RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK"].iter().any(|v| std::env::var_os(v).is_some())
-        || (std::env::var_os("SLURM_PROCID").is_some() && std::env::var_os("SLURM_NTASKS").is_some())
+    ["RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+        || (std::env::var_os("SLURM_PROCID").is_some()
+            && std::env::var_os("SLURM_NTASKS").is_some())
 }
 
 /// Whether this rank should draw progress bars (false on every rank the launcher marked quiet).
@@ -72,7 +81,9 @@ pub fn launch_or_run(config: &LaunchConfig) -> Result<World> {
     if is_worker_env() {
         return World::from_env();
     }
-    let nproc = config.nproc_per_node.unwrap_or_else(|| visible_cuda_devices().max(1));
+    let nproc = config
+        .nproc_per_node
+        .unwrap_or_else(|| visible_cuda_devices().max(1));
     if nproc * config.nnodes.max(1) <= 1 {
         return World::from_env();
     }
@@ -126,7 +137,11 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-fn pump(rank: usize, src: impl Read + Send + 'static, to_stderr: bool) -> std::thread::JoinHandle<()> {
+fn pump(
+    rank: usize,
+    src: impl Read + Send + 'static,
+    to_stderr: bool,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut r = BufReader::new(src);
         let mut line = Vec::new();
@@ -136,14 +151,21 @@ fn pump(rank: usize, src: impl Read + Send + 'static, to_stderr: bool) -> std::t
                 Ok(0) | Err(_) => return,
                 Ok(_) => {
                     // Progress-bar redraws (\r) of quiet ranks are reduced to their last state.
-                    let text = line.rsplit(|b| *b == b'\r').find(|s| !s.is_empty() && *s != b"\n").unwrap_or(&line);
+                    let text = line
+                        .rsplit(|b| *b == b'\r')
+                        .find(|s| !s.is_empty() && *s != b"\n")
+                        .unwrap_or(&line);
                     let mut out = Vec::with_capacity(text.len() + 12);
                     out.extend_from_slice(format!("[rank {rank}] ").as_bytes());
                     out.extend_from_slice(text);
                     if !out.ends_with(b"\n") {
                         out.push(b'\n');
                     }
-                    let _ = if to_stderr { std::io::stderr().lock().write_all(&out) } else { std::io::stdout().lock().write_all(&out) };
+                    let _ = if to_stderr {
+                        std::io::stderr().lock().write_all(&out)
+                    } else {
+                        std::io::stdout().lock().write_all(&out)
+                    };
                 }
             }
         }
@@ -161,23 +183,44 @@ pub fn launch(config: &LaunchConfig, nproc: usize) -> Result<()> {
     let nnodes = config.nnodes.max(1);
     if config.node_rank >= nnodes {
         return Err(DistError::Launch {
-            detail: format!("--node-rank {} must be smaller than --nnodes {nnodes}", config.node_rank),
+            detail: format!(
+                "--node-rank {} must be smaller than --nnodes {nnodes}",
+                config.node_rank
+            ),
             source: None,
         });
     }
     let mut port = config.master_port;
     if config.node_rank == 0 {
         let bind = format!("0.0.0.0:{port}");
-        let l = TcpListener::bind(&bind).map_err(|source| DistError::PortInUse { addr: bind.clone(), source })?;
+        let l = TcpListener::bind(&bind).map_err(|source| DistError::PortInUse {
+            addr: bind.clone(),
+            source,
+        })?;
         if port == 0 {
-            port = l.local_addr().map(|a| a.port()).map_err(|source| DistError::PortInUse { addr: bind, source })?;
+            port = l
+                .local_addr()
+                .map(|a| a.port())
+                .map_err(|source| DistError::PortInUse { addr: bind, source })?;
         }
     } else if port == 0 {
-        return Err(DistError::Launch { detail: "--master-port 0 (pick a free port) only works with a single node".into(), source: None });
+        return Err(DistError::Launch {
+            detail: "--master-port 0 (pick a free port) only works with a single node".into(),
+            source: None,
+        });
     }
-    let exe = std::env::current_exe().map_err(|e| DistError::Launch { detail: "cannot find the current executable".into(), source: Some(e) })?;
+    let exe = std::env::current_exe().map_err(|e| DistError::Launch {
+        detail: "cannot find the current executable".into(),
+        source: Some(e),
+    })?;
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    let token = std::env::var(JOB_TOKEN_ENV).unwrap_or_else(|_| format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()));
+    let token = std::env::var(JOB_TOKEN_ENV).unwrap_or_else(|_| {
+        format!(
+            "{:016x}{:016x}",
+            rand::random::<u64>(),
+            rand::random::<u64>()
+        )
+    });
     let world_size = nproc * nnodes;
     install_signal_handlers();
     let mut children: Vec<(usize, Child)> = Vec::with_capacity(nproc);
@@ -196,7 +239,9 @@ pub fn launch(config: &LaunchConfig, nproc: usize) -> Result<()> {
             .env("MASTER_PORT", port.to_string())
             .env(JOB_TOKEN_ENV, &token);
         if rank != 0 {
-            cmd.env(QUIET_ENV, "1").stdout(Stdio::piped()).stderr(Stdio::piped());
+            cmd.env(QUIET_ENV, "1")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
         }
         match cmd.spawn() {
             Ok(mut child) => {
@@ -209,7 +254,10 @@ pub fn launch(config: &LaunchConfig, nproc: usize) -> Result<()> {
                 children.push((rank, child));
             }
             Err(e) => {
-                spawn_err = Some(DistError::Launch { detail: format!("could not start rank {rank} ({})", exe.display()), source: Some(e) });
+                spawn_err = Some(DistError::Launch {
+                    detail: format!("could not start rank {rank} ({})", exe.display()),
+                    source: Some(e),
+                });
                 break;
             }
         }
@@ -235,14 +283,21 @@ fn supervise(children: &mut [(usize, Child)], mut failure: Option<DistError>) ->
                 Ok(Some(status)) => {
                     running[i] = false;
                     if !status.success() && failure.is_none() {
-                        failure = Some(DistError::WorkerFailed { rank: *rank, pid: child.id(), status: describe(status) });
+                        failure = Some(DistError::WorkerFailed {
+                            rank: *rank,
+                            pid: child.id(),
+                            status: describe(status),
+                        });
                         need_term = true;
                     }
                 }
                 Ok(None) => {}
                 Err(e) => {
                     running[i] = false;
-                    failure.get_or_insert(DistError::Launch { detail: format!("cannot wait for rank {rank}"), source: Some(e) });
+                    failure.get_or_insert(DistError::Launch {
+                        detail: format!("cannot wait for rank {rank}"),
+                        source: Some(e),
+                    });
                 }
             }
         }
@@ -253,7 +308,10 @@ fn supervise(children: &mut [(usize, Child)], mut failure: Option<DistError>) ->
         if sig != 0 {
             terminate(children, &running, sig);
             if failure.is_none() {
-                failure = Some(DistError::Launch { detail: format!("interrupted by signal {sig}; stopped all ranks"), source: None });
+                failure = Some(DistError::Launch {
+                    detail: format!("interrupted by signal {sig}; stopped all ranks"),
+                    source: None,
+                });
             }
             stop_deadline.get_or_insert(Instant::now() + GRACE);
         }
@@ -262,11 +320,12 @@ fn supervise(children: &mut [(usize, Child)], mut failure: Option<DistError>) ->
             terminate(children, &running, libc::SIGTERM);
             stop_deadline.get_or_insert(Instant::now() + GRACE);
         }
-        if let Some(d) = stop_deadline {
-            if !killed && Instant::now() >= d {
-                terminate(children, &running, libc::SIGKILL);
-                killed = true;
-            }
+        if let Some(d) = stop_deadline
+            && !killed
+            && Instant::now() >= d
+        {
+            terminate(children, &running, libc::SIGKILL);
+            killed = true;
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -11,25 +11,27 @@ mod nccl;
 #[cfg(not(feature = "cuda"))]
 #[path = "nccl_stub.rs"]
 mod nccl;
-mod setup;
 mod optimizer;
+mod setup;
+mod store;
 mod sync;
 mod tensor;
-mod store;
 mod wire;
 mod world;
 
-pub use comm::{Communicator, CommunicatorExt, DType, DEFAULT_TIMEOUT, Element, HostBuf, ReduceOp};
+pub use comm::{Communicator, CommunicatorExt, DEFAULT_TIMEOUT, DType, Element, HostBuf, ReduceOp};
 pub use error::{DistError, Result};
 pub use host::Host;
-pub use store::{MAX_STORE_MESSAGE, Store};
-pub use world::{DEFAULT_MASTER_PORT, JOB_TOKEN_ENV, QUIET_ENV, World};
-pub use optimizer::{
-    DistributedConfig, DistributedOptimizer, average_buffers, broadcast_optimizer_state, broadcast_parameters,
-    reduce_metrics,
+pub use launcher::{
+    LaunchConfig, is_worker_env, launch, launch_or_run, should_draw_progress, visible_cuda_devices,
 };
+pub use nccl::Nccl;
+pub use optimizer::{
+    DistributedConfig, DistributedOptimizer, average_buffers, broadcast_optimizer_state,
+    broadcast_parameters, reduce_metrics,
+};
+pub use setup::{CommBackend, Dist, DistOptions, TIMEOUT_ENV, init, init_from_env};
+pub use store::{MAX_STORE_MESSAGE, Store};
 pub use sync::{DEFAULT_BUCKET_BYTES, Fingerprint, GradientSync, SyncConfig, verify_same_model};
 pub use tensor::{CollectiveBackend, Compression, host_all_reduce, host_broadcast};
-pub use launcher::{LaunchConfig, is_worker_env, launch, launch_or_run, should_draw_progress, visible_cuda_devices};
-pub use nccl::Nccl;
-pub use setup::{CommBackend, Dist, DistOptions, TIMEOUT_ENV, init, init_from_env};
+pub use world::{DEFAULT_MASTER_PORT, JOB_TOKEN_ENV, QUIET_ENV, World};

@@ -25,7 +25,10 @@ pub struct DistributedConfig {
 
 impl Default for DistributedConfig {
     fn default() -> Self {
-        Self { sync: SyncConfig::default(), backward_passes_per_step: 1 }
+        Self {
+            sync: SyncConfig::default(),
+            backward_passes_per_step: 1,
+        }
     }
 }
 
@@ -138,9 +141,28 @@ where
     /// # Errors
     /// As [`broadcast_optimizer_state`].
     pub fn broadcast_state(self, root: usize, device: &B::Device) -> Result<Self> {
-        let Self { inner, sync, passes_per_step, passes, accumulator, _b } = self;
-        let inner = broadcast_optimizer_state::<O, M, B>(sync.communicator().as_ref(), inner, root, device)?;
-        Ok(Self { inner, sync, passes_per_step, passes, accumulator, _b })
+        let Self {
+            inner,
+            sync,
+            passes_per_step,
+            passes,
+            accumulator,
+            _b,
+        } = self;
+        let inner = broadcast_optimizer_state::<O, M, B>(
+            sync.communicator().as_ref(),
+            inner,
+            root,
+            device,
+        )?;
+        Ok(Self {
+            inner,
+            sync,
+            passes_per_step,
+            passes,
+            accumulator,
+            _b,
+        })
     }
 
     /// The communicator.
@@ -188,7 +210,12 @@ impl<B: Backend + CollectiveBackend> ModuleMapper<B> for BroadcastMapper<'_> {
         let numel = tensor.shape().num_elements();
         let flat = tensor.clone().reshape([numel]);
         let result = if self.average_buffers {
-            B::all_reduce_float(self.comm, flat, ReduceOp::Avg, crate::tensor::Compression::None)
+            B::all_reduce_float(
+                self.comm,
+                flat,
+                ReduceOp::Avg,
+                crate::tensor::Compression::None,
+            )
         } else {
             B::broadcast_float(self.comm, flat, self.root)
         };
@@ -198,7 +225,9 @@ impl<B: Backend + CollectiveBackend> ModuleMapper<B> for BroadcastMapper<'_> {
             Ok(id)
         } else {
             let mut v = [id.val() as i64];
-            self.comm.broadcast_slice(&mut v, self.root).map(|_| ParamId::from(v[0] as u64))
+            self.comm
+                .broadcast_slice(&mut v, self.root)
+                .map(|_| ParamId::from(v[0] as u64))
         };
         match (result, id) {
             (Ok(flat), Ok(new_id)) => {
@@ -232,7 +261,12 @@ where
     }
     crate::sync::verify_same_model::<B, M>(comm, &module)?;
     sync_running_states::<B, M>(&module);
-    let mut mapper = BroadcastMapper { comm, root, average_buffers: false, error: None };
+    let mut mapper = BroadcastMapper {
+        comm,
+        root,
+        average_buffers: false,
+        error: None,
+    };
     let module = module.map(&mut mapper);
     match mapper.error {
         Some(e) => Err(e),
@@ -254,7 +288,12 @@ where
         return Ok(module);
     }
     sync_running_states::<B, M>(&module);
-    let mut mapper = BroadcastMapper { comm, root: 0, average_buffers: true, error: None };
+    let mut mapper = BroadcastMapper {
+        comm,
+        root: 0,
+        average_buffers: true,
+        error: None,
+    };
     let module = module.map(&mut mapper);
     match mapper.error {
         Some(e) => Err(e),
@@ -267,7 +306,12 @@ where
 ///
 /// # Errors
 /// [`DistError::Record`] when the record cannot be (de)serialised; the communicator's errors.
-pub fn broadcast_optimizer_state<O, M, B>(comm: &dyn Communicator, optimizer: O, root: usize, device: &B::Device) -> Result<O>
+pub fn broadcast_optimizer_state<O, M, B>(
+    comm: &dyn Communicator,
+    optimizer: O,
+    root: usize,
+    device: &B::Device,
+) -> Result<O>
 where
     B: AutodiffBackend,
     M: AutodiffModule<B>,
@@ -278,8 +322,11 @@ where
     }
     let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
     let mut bytes = if comm.rank() == root {
-        Recorder::<B>::record(&recorder, optimizer.to_record(), ())
-            .map_err(|e| DistError::Record { detail: format!("serialising the optimizer state: {e:?}") })?
+        Recorder::<B>::record(&recorder, optimizer.to_record(), ()).map_err(|e| {
+            DistError::Record {
+                detail: format!("serialising the optimizer state: {e:?}"),
+            }
+        })?
     } else {
         Vec::new()
     };
@@ -287,7 +334,9 @@ where
     if comm.rank() == root {
         return Ok(optimizer);
     }
-    let record: O::Record = Recorder::<B>::load(&recorder, bytes, device)
-        .map_err(|e| DistError::Record { detail: format!("loading rank {root}'s optimizer state: {e:?}") })?;
+    let record: O::Record =
+        Recorder::<B>::load(&recorder, bytes, device).map_err(|e| DistError::Record {
+            detail: format!("loading rank {root}'s optimizer state: {e:?}"),
+        })?;
     Ok(optimizer.load_record(record))
 }

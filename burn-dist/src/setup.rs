@@ -38,7 +38,10 @@ impl Default for DistOptions {
             .filter(|s| *s > 0.0)
             .map(Duration::from_secs_f64)
             .unwrap_or(DEFAULT_TIMEOUT);
-        Self { backend: CommBackend::Host, timeout }
+        Self {
+            backend: CommBackend::Host,
+            timeout,
+        }
     }
 }
 
@@ -77,14 +80,27 @@ impl Dist {
 /// ([`DistError::NotCompiledWithCuda`], [`DistError::LibraryMissing`]).
 pub fn init(world: &World, options: &DistOptions) -> Result<Dist> {
     if world.world_size == 1 {
-        return Ok(Dist { world: world.clone(), store: None, comm: Arc::new(Host::single()) });
+        return Ok(Dist {
+            world: world.clone(),
+            store: None,
+            comm: Arc::new(Host::single()),
+        });
     }
     let store = Arc::new(Store::rendezvous(world, options.timeout)?);
     let comm: Arc<dyn Communicator> = match options.backend {
         CommBackend::Host => Arc::new(Host::new(world, Arc::clone(&store), options.timeout)?),
-        CommBackend::Nccl => Arc::new(crate::nccl::Nccl::new(world, &store, world.local_rank, options.timeout)?),
+        CommBackend::Nccl => Arc::new(crate::nccl::Nccl::new(
+            world,
+            &store,
+            world.local_rank,
+            options.timeout,
+        )?),
     };
-    Ok(Dist { world: world.clone(), store: Some(store), comm })
+    Ok(Dist {
+        world: world.clone(),
+        store: Some(store),
+        comm,
+    })
 }
 
 /// [`init`] with [`World::from_env`] and default options for `backend`.
@@ -93,7 +109,13 @@ pub fn init(world: &World, options: &DistOptions) -> Result<Dist> {
 /// As [`World::from_env`] and [`init`].
 pub fn init_from_env(backend: CommBackend) -> Result<Dist> {
     let world = World::from_env()?;
-    init(&world, &DistOptions { backend, ..DistOptions::default() })
+    init(
+        &world,
+        &DistOptions {
+            backend,
+            ..DistOptions::default()
+        },
+    )
 }
 
 #[allow(dead_code)]

@@ -83,13 +83,18 @@ fn serve(listener: TcpListener, token: String, stop: Arc<AtomicBool>) {
 }
 
 fn handle_conn(mut stream: TcpStream, token: &str, shared: &Shared) {
-    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into());
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
     let hs = match wire::read_frame(&mut stream, wire::MAX_HANDSHAKE) {
         Ok(hs) => hs,
         Err(e) => {
-            log(&format!("dropped connection from {peer}: no valid handshake ({e})"));
+            log(&format!(
+                "dropped connection from {peer}: no valid handshake ({e})"
+            ));
             return;
         }
     };
@@ -111,14 +116,23 @@ fn handle_conn(mut stream: TcpStream, token: &str, shared: &Shared) {
     loop {
         let req = match wire::read_frame(&mut stream, MAX_STORE_MESSAGE) {
             Ok(r) => r,
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof || e.kind() == io::ErrorKind::ConnectionReset => return,
+            Err(e)
+                if e.kind() == io::ErrorKind::UnexpectedEof
+                    || e.kind() == io::ErrorKind::ConnectionReset =>
+            {
+                return;
+            }
             Err(e) => {
-                log(&format!("dropped connection of rank {rank} from {peer}: {e}"));
+                log(&format!(
+                    "dropped connection of rank {rank} from {peer}: {e}"
+                ));
                 return;
             }
         };
         let Some(reply) = handle_request(&req, shared) else {
-            log(&format!("dropped connection of rank {rank} from {peer}: malformed request"));
+            log(&format!(
+                "dropped connection of rank {rank} from {peer}: malformed request"
+            ));
             return;
         };
         if wire::write_frame(&mut stream, &reply).is_err() {
@@ -212,7 +226,10 @@ pub struct Store {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("addr", &self.addr).field("rank", &self.rank).finish()
+        f.debug_struct("Store")
+            .field("addr", &self.addr)
+            .field("rank", &self.rank)
+            .finish()
     }
 }
 
@@ -238,15 +255,28 @@ impl Store {
         let addr = world.master_endpoint();
         let server = if world.rank == 0 {
             let bind = format!("0.0.0.0:{}", world.master_port);
-            let listener = TcpListener::bind(&bind).map_err(|source| DistError::PortInUse { addr: bind.clone(), source })?;
-            let local = listener.local_addr().map_err(|source| DistError::PortInUse { addr: bind.clone(), source })?;
+            let listener = TcpListener::bind(&bind).map_err(|source| DistError::PortInUse {
+                addr: bind.clone(),
+                source,
+            })?;
+            let local = listener
+                .local_addr()
+                .map_err(|source| DistError::PortInUse {
+                    addr: bind.clone(),
+                    source,
+                })?;
             let stop = Arc::new(AtomicBool::new(false));
             let stop2 = Arc::clone(&stop);
             let token = world.job_token.clone();
             std::thread::Builder::new()
                 .name("burn-dist-store".into())
                 .spawn(move || serve(listener, token, stop2))
-                .map_err(|source| DistError::Io { rank: 0, what: "starting the store thread".into(), addr: bind, source })?;
+                .map_err(|source| DistError::Io {
+                    rank: 0,
+                    what: "starting the store thread".into(),
+                    addr: bind,
+                    source,
+                })?;
             Some(Server { stop, addr: local })
         } else {
             None
@@ -256,11 +286,20 @@ impl Store {
             match Self::try_connect(&addr, world, timeout) {
                 Ok(s) => break s,
                 Err(ConnectError::Rejected(reason)) => {
-                    return Err(DistError::Handshake { addr, rank: world.rank, reason });
+                    return Err(DistError::Handshake {
+                        addr,
+                        rank: world.rank,
+                        reason,
+                    });
                 }
                 Err(ConnectError::Io(e)) => {
                     if start.elapsed() >= timeout {
-                        return Err(DistError::StoreConnect { rank: world.rank, addr, waited: timeout, source: e });
+                        return Err(DistError::StoreConnect {
+                            rank: world.rank,
+                            addr,
+                            waited: timeout,
+                            source: e,
+                        });
                     }
                     std::thread::sleep(Duration::from_millis(100));
                 }
@@ -277,22 +316,39 @@ impl Store {
         })
     }
 
-    fn try_connect(addr: &str, world: &World, timeout: Duration) -> Result<TcpStream, ConnectError> {
+    fn try_connect(
+        addr: &str,
+        world: &World,
+        timeout: Duration,
+    ) -> Result<TcpStream, ConnectError> {
         let sa = addr
             .to_socket_addrs()
             .map_err(ConnectError::Io)?
             .next()
-            .ok_or_else(|| ConnectError::Io(io::Error::new(io::ErrorKind::NotFound, "address did not resolve")))?;
-        let mut s = TcpStream::connect_timeout(&sa, Duration::from_secs(5)).map_err(ConnectError::Io)?;
+            .ok_or_else(|| {
+                ConnectError::Io(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "address did not resolve",
+                ))
+            })?;
+        let mut s =
+            TcpStream::connect_timeout(&sa, Duration::from_secs(5)).map_err(ConnectError::Io)?;
         s.set_nodelay(true).map_err(ConnectError::Io)?;
-        s.set_read_timeout(Some(timeout.max(Duration::from_secs(1)))).map_err(ConnectError::Io)?;
-        s.set_write_timeout(Some(timeout.max(Duration::from_secs(1)))).map_err(ConnectError::Io)?;
-        wire::write_frame(&mut s, &wire::handshake_bytes(ConnKind::Store, world.rank, &world.job_token))
+        s.set_read_timeout(Some(timeout.max(Duration::from_secs(1))))
             .map_err(ConnectError::Io)?;
+        s.set_write_timeout(Some(timeout.max(Duration::from_secs(1))))
+            .map_err(ConnectError::Io)?;
+        wire::write_frame(
+            &mut s,
+            &wire::handshake_bytes(ConnKind::Store, world.rank, &world.job_token),
+        )
+        .map_err(ConnectError::Io)?;
         let reply = wire::read_frame(&mut s, wire::MAX_HANDSHAKE).map_err(ConnectError::Io)?;
         match reply.first() {
             Some(&REPLY_OK) => Ok(s),
-            Some(&REPLY_REJECTED) => Err(ConnectError::Rejected(String::from_utf8_lossy(&reply[1..]).into_owned())),
+            Some(&REPLY_REJECTED) => Err(ConnectError::Rejected(
+                String::from_utf8_lossy(&reply[1..]).into_owned(),
+            )),
             _ => Err(ConnectError::Rejected("unexpected handshake reply".into())),
         }
     }
@@ -333,11 +389,17 @@ impl Store {
             detail: format!("{what} failed"),
             source: Some(e),
         };
-        s.set_read_timeout(Some(read_timeout)).map_err(|e| io_err("setting a timeout", e))?;
+        s.set_read_timeout(Some(read_timeout))
+            .map_err(|e| io_err("setting a timeout", e))?;
         wire::write_frame(&mut *s, req).map_err(|e| io_err("sending a request", e))?;
-        let reply = wire::read_frame(&mut *s, MAX_STORE_MESSAGE + 16).map_err(|e| io_err("reading a reply", e))?;
+        let reply = wire::read_frame(&mut *s, MAX_STORE_MESSAGE + 16)
+            .map_err(|e| io_err("reading a reply", e))?;
         if reply.is_empty() {
-            return Err(DistError::Store { addr: self.addr.clone(), detail: "empty reply".into(), source: None });
+            return Err(DistError::Store {
+                addr: self.addr.clone(),
+                detail: "empty reply".into(),
+                source: None,
+            });
         }
         Ok(reply)
     }
@@ -350,7 +412,10 @@ impl Store {
         if value.len() + key.len() + 16 > MAX_STORE_MESSAGE {
             return Err(DistError::Store {
                 addr: self.addr.clone(),
-                detail: format!("value of {} bytes for key {key:?} exceeds the store limit of {MAX_STORE_MESSAGE}", value.len()),
+                detail: format!(
+                    "value of {} bytes for key {key:?} exceeds the store limit of {MAX_STORE_MESSAGE}",
+                    value.len()
+                ),
                 source: None,
             });
         }
@@ -388,9 +453,15 @@ impl Store {
             return Ok(Vec::new());
         }
         let mut c = Cursor::new(&r[1..]);
-        let bad = || DistError::Store { addr: self.addr.clone(), detail: "malformed wait reply".into(), source: None };
+        let bad = || DistError::Store {
+            addr: self.addr.clone(),
+            detail: "malformed wait reply".into(),
+            source: None,
+        };
         let n = c.u32().ok_or_else(bad)? as usize;
-        (0..n).map(|_| c.str().map(str::to_string).ok_or_else(bad)).collect()
+        (0..n)
+            .map(|_| c.str().map(str::to_string).ok_or_else(bad))
+            .collect()
     }
 
     /// Waits for `key` and returns its value.
@@ -400,7 +471,11 @@ impl Store {
     pub fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         let missing = self.wait_missing(&[key.to_string()], timeout)?;
         if !missing.is_empty() {
-            return Err(DistError::StoreTimeout { key: key.to_string(), addr: self.addr.clone(), waited: timeout });
+            return Err(DistError::StoreTimeout {
+                key: key.to_string(),
+                addr: self.addr.clone(),
+                waited: timeout,
+            });
         }
         self.try_get(key)?.ok_or_else(|| DistError::Store {
             addr: self.addr.clone(),
@@ -418,11 +493,14 @@ impl Store {
         wire::put_bytes(&mut req, key.as_bytes());
         req.extend_from_slice(&(delta as u64).to_le_bytes());
         let r = self.request(&req, self.timeout)?;
-        let v: [u8; 8] = r.get(1..9).and_then(|b| b.try_into().ok()).ok_or_else(|| DistError::Store {
-            addr: self.addr.clone(),
-            detail: "malformed add reply".into(),
-            source: None,
-        })?;
+        let v: [u8; 8] =
+            r.get(1..9)
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(|| DistError::Store {
+                    addr: self.addr.clone(),
+                    detail: "malformed add reply".into(),
+                    source: None,
+                })?;
         Ok(i64::from_le_bytes(v))
     }
 
@@ -435,18 +513,35 @@ impl Store {
         let generation = self.barrier_gen.fetch_add(1, Ordering::SeqCst);
         let prefix = format!("barrier/{name}/{generation}");
         self.set(&format!("{prefix}/{}", self.rank), &[1])?;
-        let keys: Vec<String> = (0..self.world_size).map(|r| format!("{prefix}/{r}")).collect();
+        let keys: Vec<String> = (0..self.world_size)
+            .map(|r| format!("{prefix}/{r}"))
+            .collect();
         // Rank 0 serves the store: it waits a little longer so that the others get their answer
         // before it (typically) exits on the same timeout.
-        let wait = if self.rank == 0 { timeout + Duration::from_secs(1) } else { timeout };
+        let wait = if self.rank == 0 {
+            timeout + Duration::from_secs(1)
+        } else {
+            timeout
+        };
         let missing = self.wait_missing(&keys, wait)?;
         if missing.is_empty() {
             return Ok(());
         }
-        let missing: Vec<usize> =
-            missing.iter().filter_map(|k| k.rsplit('/').next().and_then(|r| r.parse().ok())).collect();
-        let what = if name == "rendezvous" { "the rendezvous".to_string() } else { format!("barrier {name:?}") };
-        Err(DistError::RendezvousTimeout { what, missing, addr: self.addr.clone(), waited: timeout })
+        let missing: Vec<usize> = missing
+            .iter()
+            .filter_map(|k| k.rsplit('/').next().and_then(|r| r.parse().ok()))
+            .collect();
+        let what = if name == "rendezvous" {
+            "the rendezvous".to_string()
+        } else {
+            format!("barrier {name:?}")
+        };
+        Err(DistError::RendezvousTimeout {
+            what,
+            missing,
+            addr: self.addr.clone(),
+            waited: timeout,
+        })
     }
 }
 
@@ -460,11 +555,22 @@ mod tests {
     use super::*;
 
     fn free_port() -> u16 {
-        TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+        TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port")
     }
 
     fn world(rank: usize, n: usize, port: u16) -> World {
-        World { rank, world_size: n, local_rank: rank, local_world_size: n, master_addr: "127.0.0.1".into(), master_port: port, job_token: "tok".into() }
+        World {
+            rank,
+            world_size: n,
+            local_rank: rank,
+            local_world_size: n,
+            master_addr: "127.0.0.1".into(),
+            master_port: port,
+            job_token: "tok".into(),
+        }
     }
 
     #[test]
@@ -497,7 +603,9 @@ mod tests {
         w.job_token = "wrong".into();
         let e = Store::connect(&w, Duration::from_secs(2)).expect_err("wrong token");
         assert!(e.to_string().contains("token"), "{e}");
-        let e = s0.barrier("rendezvous", Duration::from_millis(300)).expect_err("missing");
+        let e = s0
+            .barrier("rendezvous", Duration::from_millis(300))
+            .expect_err("missing");
         match e {
             DistError::RendezvousTimeout { missing, .. } => assert_eq!(missing, vec![1, 2]),
             e => panic!("unexpected {e}"),

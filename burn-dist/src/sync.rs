@@ -7,8 +7,8 @@ use crate::error::{DistError, Result};
 use crate::tensor::{CollectiveBackend, Compression};
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -28,7 +28,11 @@ pub struct SyncConfig {
 
 impl Default for SyncConfig {
     fn default() -> Self {
-        Self { bucket_bytes: DEFAULT_BUCKET_BYTES, compression: Compression::None, gradient_predivide_factor: 1.0 }
+        Self {
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
+            compression: Compression::None,
+            gradient_predivide_factor: 1.0,
+        }
     }
 }
 
@@ -55,11 +59,23 @@ impl Fingerprint {
             }
             fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
                 let t = param.val();
-                let kind = if t.is_require_grad() { "param" } else { "buffer" };
-                self.entries.push(format!("{} {:?} {:?} {kind}", self.path.join("."), t.dims(), t.dtype()));
+                let kind = if t.is_require_grad() {
+                    "param"
+                } else {
+                    "buffer"
+                };
+                self.entries.push(format!(
+                    "{} {:?} {:?} {kind}",
+                    self.path.join("."),
+                    t.dims(),
+                    t.dtype()
+                ));
             }
         }
-        let mut v = V { path: Vec::new(), entries: Vec::new() };
+        let mut v = V {
+            path: Vec::new(),
+            entries: Vec::new(),
+        };
         module.visit(&mut v);
         Self { entries: v.entries }
     }
@@ -70,7 +86,13 @@ impl Fingerprint {
 
     fn from_bytes(b: &[u8]) -> Self {
         let s = String::from_utf8_lossy(b);
-        Self { entries: if s.is_empty() { Vec::new() } else { s.split('\n').map(str::to_string).collect() } }
+        Self {
+            entries: if s.is_empty() {
+                Vec::new()
+            } else {
+                s.split('\n').map(str::to_string).collect()
+            },
+        }
     }
 
     /// The first difference with `other`, described for a human.
@@ -86,7 +108,9 @@ impl Fingerprint {
                 "{} float parameters vs {} (first extra: {:?})",
                 self.entries.len(),
                 other.entries.len(),
-                self.entries.get(other.entries.len()).or(other.entries.get(self.entries.len()))
+                self.entries
+                    .get(other.entries.len())
+                    .or(other.entries.get(self.entries.len()))
             )),
         }
     }
@@ -118,9 +142,17 @@ pub fn verify_same_model<B: burn::tensor::backend::Backend, M: burn::module::Mod
         .collect();
     for (r, other) in fps.iter().enumerate().skip(1) {
         if let Some(diff) = fps[0].first_difference(other) {
-            let (rank, other_rank) = if comm.rank() == r { (r, 0) } else { (comm.rank(), r) };
+            let (rank, other_rank) = if comm.rank() == r {
+                (r, 0)
+            } else {
+                (comm.rank(), r)
+            };
             let difference = format!("rank 0 vs rank {r}: {diff}");
-            return Err(DistError::ModelMismatch { rank, other_rank, difference });
+            return Err(DistError::ModelMismatch {
+                rank,
+                other_rank,
+                difference,
+            });
         }
     }
     Ok(())
@@ -145,8 +177,16 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Collect<'_, B> {
             return;
         }
         let numel = t.shape().num_elements();
-        let grad = self.grads.remove::<B::InnerBackend, D>(param.id).map(|g| g.reshape([numel]));
-        self.out.push(Entry { id: param.id, numel, grad, device: t.device() });
+        let grad = self
+            .grads
+            .remove::<B::InnerBackend, D>(param.id)
+            .map(|g| g.reshape([numel]));
+        self.out.push(Entry {
+            id: param.id,
+            numel,
+            grad,
+            device: t.device(),
+        });
     }
 }
 
@@ -159,7 +199,8 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Register<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(flat) = self.reduced.remove(&param.id) {
             let dims: [usize; D] = param.val().dims();
-            self.grads.register::<B::InnerBackend, D>(param.id, flat.reshape(dims));
+            self.grads
+                .register::<B::InnerBackend, D>(param.id, flat.reshape(dims));
         }
     }
 }
@@ -176,7 +217,11 @@ pub struct GradientSync {
 impl GradientSync {
     /// A gradient synchroniser over `comm`.
     pub fn new(comm: Arc<dyn Communicator>, config: SyncConfig) -> Self {
-        Self { comm, config, verified: false }
+        Self {
+            comm,
+            config,
+            verified: false,
+        }
     }
 
     /// The communicator.
@@ -207,10 +252,17 @@ impl GradientSync {
             self.verified = true;
         }
         let world = self.comm.world_size();
-        let mut collect = Collect::<B> { grads: &mut grads, out: Vec::new() };
+        let mut collect = Collect::<B> {
+            grads: &mut grads,
+            out: Vec::new(),
+        };
         module.visit(&mut collect);
         let entries = collect.out;
-        let f = if self.config.gradient_predivide_factor > 0.0 { self.config.gradient_predivide_factor } else { 1.0 };
+        let f = if self.config.gradient_predivide_factor > 0.0 {
+            self.config.gradient_predivide_factor
+        } else {
+            1.0
+        };
         let max_elems = (self.config.bucket_bytes / 4).max(1);
         let mut reduced = HashMap::with_capacity(entries.len());
         let mut start = 0;
@@ -224,24 +276,43 @@ impl GradientSync {
             let bucket = &entries[start..end];
             let parts: Vec<Tensor<B::InnerBackend, 1>> = bucket
                 .iter()
-                .map(|e| e.grad.clone().unwrap_or_else(|| Tensor::zeros([e.numel], &e.device)))
+                .map(|e| {
+                    e.grad
+                        .clone()
+                        .unwrap_or_else(|| Tensor::zeros([e.numel], &e.device))
+                })
                 .collect();
             let mut flat = Tensor::cat(parts, 0);
             if world > 1 {
                 if f != 1.0 {
                     flat = flat.div_scalar(f);
                 }
-                flat = B::InnerBackend::all_reduce_float(&*self.comm, flat, ReduceOp::Sum, self.config.compression)?;
+                flat = B::InnerBackend::all_reduce_float(
+                    &*self.comm,
+                    flat,
+                    ReduceOp::Sum,
+                    self.config.compression,
+                )?;
                 flat = flat.mul_scalar(f / world as f64);
             }
             let mut off = 0;
             for e in bucket {
-                reduced.insert(e.id, if bucket.len() == 1 { flat.clone() } else { flat.clone().narrow(0, off, e.numel) });
+                reduced.insert(
+                    e.id,
+                    if bucket.len() == 1 {
+                        flat.clone()
+                    } else {
+                        flat.clone().narrow(0, off, e.numel)
+                    },
+                );
                 off += e.numel;
             }
             start = end;
         }
-        let mut register = Register::<B> { grads: &mut grads, reduced };
+        let mut register = Register::<B> {
+            grads: &mut grads,
+            reduced,
+        };
         module.visit(&mut register);
         Ok(grads)
     }

@@ -43,7 +43,11 @@ pub trait CollectiveBackend: Backend {
     ///
     /// # Errors
     /// As [`CollectiveBackend::all_reduce_float`].
-    fn broadcast_float(comm: &dyn Communicator, tensor: Tensor<Self, 1>, root: usize) -> Result<Tensor<Self, 1>> {
+    fn broadcast_float(
+        comm: &dyn Communicator,
+        tensor: Tensor<Self, 1>,
+        root: usize,
+    ) -> Result<Tensor<Self, 1>> {
         host_broadcast(comm, tensor, root)
     }
 }
@@ -53,7 +57,10 @@ fn read_f32<B: Backend>(op: &'static str, tensor: Tensor<B, 1>) -> Result<Vec<f3
         .into_data()
         .convert::<f32>()
         .into_vec::<f32>()
-        .map_err(|e| DistError::TensorData { op, detail: format!("{e:?}") })
+        .map_err(|e| DistError::TensorData {
+            op,
+            detail: format!("{e:?}"),
+        })
 }
 
 /// Host-staged all-reduce of a float tensor (the default of [`CollectiveBackend`]).
@@ -92,7 +99,11 @@ pub fn host_all_reduce<B: Backend>(
 ///
 /// # Errors
 /// As [`CollectiveBackend::broadcast_float`].
-pub fn host_broadcast<B: Backend>(comm: &dyn Communicator, tensor: Tensor<B, 1>, root: usize) -> Result<Tensor<B, 1>> {
+pub fn host_broadcast<B: Backend>(
+    comm: &dyn Communicator,
+    tensor: Tensor<B, 1>,
+    root: usize,
+) -> Result<Tensor<B, 1>> {
     if comm.world_size() == 1 {
         return Ok(tensor);
     }
@@ -106,3 +117,9 @@ pub fn host_broadcast<B: Backend>(comm: &dyn Communicator, tensor: Tensor<B, 1>,
 impl CollectiveBackend for burn::backend::Flex {}
 
 impl<B: CollectiveBackend> CollectiveBackend for burn::backend::Autodiff<B> {}
+
+/// CUDA: host-staged for now (correct with both the host and the NCCL communicator). The
+/// device-pointer path of DESIGN.md (fused bucket → `GpuResource` pointer → NCCL on our stream)
+/// is not wired yet.
+#[cfg(feature = "cuda")]
+impl CollectiveBackend for burn::backend::Cuda {}

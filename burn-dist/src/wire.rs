@@ -18,7 +18,8 @@ pub(crate) enum ConnKind {
 
 /// Writes one frame: u32 little-endian length, then the payload.
 pub(crate) fn write_frame(w: &mut impl Write, payload: &[u8]) -> io::Result<()> {
-    let len = u32::try_from(payload.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame too large"))?;
+    let len = u32::try_from(payload.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame too large"))?;
     let mut buf = Vec::with_capacity(4 + payload.len());
     buf.extend_from_slice(&len.to_le_bytes());
     buf.extend_from_slice(payload);
@@ -32,7 +33,10 @@ pub(crate) fn read_frame(r: &mut impl Read, max: usize) -> io::Result<Vec<u8>> {
     r.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len) as usize;
     if len > max {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("frame of {len} bytes exceeds the limit of {max}")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame of {len} bytes exceeds the limit of {max}"),
+        ));
     }
     let mut buf = vec![0u8; len];
     r.read_exact(&mut buf)?;
@@ -64,7 +68,9 @@ pub(crate) fn check_handshake(b: &[u8], kind: ConnKind, token: &str) -> Result<u
     }
     let rank = u32::from_le_bytes([b[7], b[8], b[9], b[10]]) as usize;
     if &b[11..] != token.as_bytes() {
-        return Err(format!("unknown job token from a peer claiming rank {rank}"));
+        return Err(format!(
+            "unknown job token from a peer claiming rank {rank}"
+        ));
     }
     Ok(rank)
 }
@@ -90,10 +96,14 @@ impl<'a> Cursor<'a> {
         self.take(1).map(|b| b[0])
     }
     pub(crate) fn u32(&mut self) -> Option<u32> {
-        self.take(4).and_then(|b| b.try_into().ok()).map(u32::from_le_bytes)
+        self.take(4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
     }
     pub(crate) fn u64(&mut self) -> Option<u64> {
-        self.take(8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes)
+        self.take(8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
     }
     pub(crate) fn bytes(&mut self) -> Option<&'a [u8]> {
         let n = self.u32()? as usize;

@@ -62,30 +62,40 @@ impl World {
     /// As [`World::from_env`].
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let token = get(JOB_TOKEN_ENV).unwrap_or_default();
-        let (rank_var, size_var, lrank_var, lsize_var) = if get("RANK").is_some() || get("WORLD_SIZE").is_some() {
-            ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-        } else if get("SLURM_PROCID").is_some() && get("SLURM_NTASKS").is_some() {
-            ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE")
-        } else if get("OMPI_COMM_WORLD_RANK").is_some() {
-            (
-                "OMPI_COMM_WORLD_RANK",
-                "OMPI_COMM_WORLD_SIZE",
-                "OMPI_COMM_WORLD_LOCAL_RANK",
-                "OMPI_COMM_WORLD_LOCAL_SIZE",
-            )
-        } else {
-            let mut w = Self::single();
-            w.job_token = token;
-            if let Some(p) = get("MASTER_PORT") {
-                w.master_port = parse_port(&p)?;
-            }
-            return Ok(w);
-        };
+        let (rank_var, size_var, lrank_var, lsize_var) =
+            if get("RANK").is_some() || get("WORLD_SIZE").is_some() {
+                ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+            } else if get("SLURM_PROCID").is_some() && get("SLURM_NTASKS").is_some() {
+                (
+                    "SLURM_PROCID",
+                    "SLURM_NTASKS",
+                    "SLURM_LOCALID",
+                    "SLURM_NTASKS_PER_NODE",
+                )
+            } else if get("OMPI_COMM_WORLD_RANK").is_some() {
+                (
+                    "OMPI_COMM_WORLD_RANK",
+                    "OMPI_COMM_WORLD_SIZE",
+                    "OMPI_COMM_WORLD_LOCAL_RANK",
+                    "OMPI_COMM_WORLD_LOCAL_SIZE",
+                )
+            } else {
+                let mut w = Self::single();
+                w.job_token = token;
+                if let Some(p) = get("MASTER_PORT") {
+                    w.master_port = parse_port(&p)?;
+                }
+                return Ok(w);
+            };
         let num = |var: &str, required: bool, default: usize| -> Result<usize> {
             match get(var) {
                 Some(v) => {
                     // SLURM_NTASKS_PER_NODE may look like "4(x2)": take the leading number.
-                    let lead: String = v.trim().chars().take_while(|c| c.is_ascii_digit()).collect();
+                    let lead: String = v
+                        .trim()
+                        .chars()
+                        .take_while(|c| c.is_ascii_digit())
+                        .collect();
                     lead.parse::<usize>().map_err(|_| DistError::InvalidEnv {
                         var: var.to_string(),
                         value: v.clone(),
@@ -121,7 +131,9 @@ impl World {
             return Err(DistError::InvalidEnv {
                 var: lrank_var.to_string(),
                 value: local_rank.to_string(),
-                reason: format!("the local rank must be smaller than {lsize_var}={local_world_size}"),
+                reason: format!(
+                    "the local rank must be smaller than {lsize_var}={local_world_size}"
+                ),
             });
         }
         if local_world_size > world_size {
@@ -136,7 +148,9 @@ impl World {
             _ if world_size > 1 => {
                 return Err(DistError::MissingEnv {
                     var: "MASTER_ADDR".to_string(),
-                    reason: format!("{size_var}={world_size} needs the host of rank 0's rendezvous store"),
+                    reason: format!(
+                        "{size_var}={world_size} needs the host of rank 0's rendezvous store"
+                    ),
                 });
             }
             _ => "127.0.0.1".to_string(),
@@ -145,7 +159,15 @@ impl World {
             Some(p) => parse_port(&p)?,
             None => DEFAULT_MASTER_PORT,
         };
-        Ok(Self { rank, world_size, local_rank, local_world_size, master_addr, master_port, job_token: token })
+        Ok(Self {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            master_addr,
+            master_port,
+            job_token: token,
+        })
     }
 
     /// `host:port` of rank 0's store.
@@ -177,7 +199,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn world(vars: &[(&str, &str)]) -> Result<World> {
-        let m: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         World::from_lookup(|k| m.get(k).cloned())
     }
 
@@ -198,7 +223,10 @@ mod tests {
             ("MASTER_PORT", "1234"),
         ])
         .expect("valid");
-        assert_eq!((w.rank, w.world_size, w.local_rank, w.local_world_size), (3, 4, 1, 2));
+        assert_eq!(
+            (w.rank, w.world_size, w.local_rank, w.local_world_size),
+            (3, 4, 1, 2)
+        );
         assert_eq!(w.master_endpoint(), "10.0.0.1:1234");
     }
 
@@ -213,13 +241,15 @@ mod tests {
         ])
         .expect("slurm");
         assert_eq!((w.rank, w.world_size, w.local_world_size), (1, 2, 2));
-        let w = world(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1")]).expect("mpi");
+        let w =
+            world(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1")]).expect("mpi");
         assert_eq!(w.world_size, 1);
     }
 
     #[test]
     fn inconsistent_values_name_the_variable() {
-        let e = world(&[("RANK", "4"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "h")]).expect_err("rank too big");
+        let e = world(&[("RANK", "4"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "h")])
+            .expect_err("rank too big");
         assert!(e.to_string().contains("RANK=\"4\""), "{e}");
         let e = world(&[("RANK", "0"), ("WORLD_SIZE", "2")]).expect_err("no master");
         assert!(e.to_string().contains("MASTER_ADDR"), "{e}");

@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 const WORKER: &str = env!("CARGO_BIN_EXE_burn-dist-test-worker");
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
 
 struct Proc {
@@ -49,7 +52,13 @@ fn read(p: &PathBuf) -> String {
 }
 
 /// Starts `ranks` of a world of `n` running `args`.
-fn spawn(n: usize, ranks: &[usize], port: u16, timeout_s: f64, args: &dyn Fn(usize) -> Vec<String>) -> Job {
+fn spawn(
+    n: usize,
+    ranks: &[usize],
+    port: u16,
+    timeout_s: f64,
+    args: &dyn Fn(usize) -> Vec<String>,
+) -> Job {
     let dir = tempfile::tempdir().expect("tempdir");
     let procs = ranks
         .iter()
@@ -70,7 +79,12 @@ fn spawn(n: usize, ranks: &[usize], port: u16, timeout_s: f64, args: &dyn Fn(usi
                 .stderr(Stdio::from(File::create(&err).expect("err")))
                 .spawn()
                 .expect("spawn worker");
-            Proc { rank, child, out, err }
+            Proc {
+                rank,
+                child,
+                out,
+                err,
+            }
         })
         .collect();
     Job { procs, _dir: dir }
@@ -86,7 +100,11 @@ fn wait(job: &mut Job, limit: Duration) -> Vec<Outcome> {
             }
         }
         if start.elapsed() > limit {
-            let dump: Vec<String> = job.procs.iter().map(|p| format!("rank {}: {}{}", p.rank, read(&p.out), read(&p.err))).collect();
+            let dump: Vec<String> = job
+                .procs
+                .iter()
+                .map(|p| format!("rank {}: {}{}", p.rank, read(&p.out), read(&p.err)))
+                .collect();
             panic!("workers did not finish within {limit:?} (hang): {dump:#?}");
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -94,7 +112,11 @@ fn wait(job: &mut Job, limit: Duration) -> Vec<Outcome> {
     job.procs
         .iter()
         .zip(statuses)
-        .map(|(p, s)| Outcome { status: s.expect("status"), stdout: read(&p.out), stderr: read(&p.err) })
+        .map(|(p, s)| Outcome {
+            status: s.expect("status"),
+            stdout: read(&p.out),
+            stderr: read(&p.err),
+        })
         .collect()
 }
 
@@ -103,7 +125,12 @@ fn run_ok(n: usize, args: &dyn Fn(usize) -> Vec<String>) -> Vec<Outcome> {
     let mut job = spawn(n, &ranks, free_port(), 20.0, args);
     let out = wait(&mut job, Duration::from_secs(120));
     for (r, o) in out.iter().enumerate() {
-        assert!(o.status.success(), "rank {r} failed: {}\n{}", o.stdout, o.stderr);
+        assert!(
+            o.status.success(),
+            "rank {r} failed: {}\n{}",
+            o.stdout,
+            o.stderr
+        );
     }
     out
 }
@@ -116,27 +143,59 @@ fn strings(v: &[&str]) -> Vec<String> {
 fn collectives_agree_with_reference_on_2_3_4_processes() {
     for n in [2, 3, 4] {
         let out = run_ok(n, &|_| strings(&["collectives"]));
-        let sums: Vec<&str> = out.iter().map(|o| o.stdout.lines().find(|l| l.starts_with("CHECKSUM")).unwrap_or("none")).collect();
-        assert!(sums.iter().all(|s| *s == sums[0] && *s != "none"), "n={n}: {sums:?}");
+        let sums: Vec<&str> = out
+            .iter()
+            .map(|o| {
+                o.stdout
+                    .lines()
+                    .find(|l| l.starts_with("CHECKSUM"))
+                    .unwrap_or("none")
+            })
+            .collect();
+        assert!(
+            sums.iter().all(|s| *s == sums[0] && *s != "none"),
+            "n={n}: {sums:?}"
+        );
     }
 }
 
 fn params(o: &Outcome) -> Vec<f32> {
-    let line = o.stdout.lines().find(|l| l.starts_with("PARAMS ")).expect("PARAMS line");
-    line[7..].split(',').map(|v| v.parse().expect("float")).collect()
+    let line = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("PARAMS "))
+        .expect("PARAMS line");
+    line[7..]
+        .split(',')
+        .map(|v| v.parse().expect("float"))
+        .collect()
 }
 
 fn single_process_params(args: &[&str]) -> Vec<f32> {
-    let out = Command::new(WORKER).args(args).output().expect("run world 1");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let o = Outcome { status: out.status, stdout: String::from_utf8_lossy(&out.stdout).into(), stderr: String::new() };
+    let out = Command::new(WORKER)
+        .args(args)
+        .output()
+        .expect("run world 1");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let o = Outcome {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into(),
+        stderr: String::new(),
+    };
     params(&o)
 }
 
 fn assert_close(a: &[f32], b: &[f32], rel: f32, abs: f32, what: &str) {
     assert_eq!(a.len(), b.len(), "{what}: parameter count");
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!((x - y).abs() <= abs + rel * y.abs(), "{what}: parameter {i}: {x} vs {y}");
+        assert!(
+            (x - y).abs() <= abs + rel * y.abs(),
+            "{what}: parameter {i}: {x} vs {y}"
+        );
     }
 }
 
@@ -151,7 +210,13 @@ fn data_parallel_matches_single_process_with_double_batch() {
     // backward_passes_per_step = 2 (two passes of 2 samples per rank, loss scaled by 1/2).
     let out = run_ok(2, &|_| strings(&["train", "4", "2", "none"]));
     assert_eq!(params(&out[0]), params(&out[1]));
-    assert_close(&params(&out[0]), &reference, 1e-5, 1e-7, "backward_passes_per_step=2");
+    assert_close(
+        &params(&out[0]),
+        &reference,
+        1e-5,
+        1e-7,
+        "backward_passes_per_step=2",
+    );
     // fp16 on the wire: looser tolerance (half has an 11-bit mantissa; 5 steps at lr 0.1).
     let out = run_ok(2, &|_| strings(&["train", "4", "1", "fp16"]));
     assert_eq!(params(&out[0]), params(&out[1]));
@@ -162,10 +227,16 @@ fn data_parallel_matches_single_process_with_double_batch() {
 fn killed_rank_is_named_by_every_other_rank() {
     let n = 4;
     let ranks: Vec<usize> = (0..n).collect();
-    let mut job = spawn(n, &ranks, free_port(), 10.0, &|_| strings(&["loop", "1000000", "100000"]));
+    let mut job = spawn(n, &ranks, free_port(), 10.0, &|_| {
+        strings(&["loop", "1000000", "100000"])
+    });
     let start = Instant::now();
     while !read(&job.procs[1].out).contains("READY") {
-        assert!(start.elapsed() < Duration::from_secs(30), "rank 1 never became ready: {}", read(&job.procs[1].err));
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "rank 1 never became ready: {}",
+            read(&job.procs[1].err)
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(500));
@@ -178,7 +249,11 @@ fn killed_rank_is_named_by_every_other_rank() {
             continue;
         }
         assert!(!o.status.success(), "rank {r} should fail");
-        assert!(o.stderr.contains("peer rank 1 "), "rank {r} must name rank 1: {}", o.stderr);
+        assert!(
+            o.stderr.contains("peer rank 1 "),
+            "rank {r} must name rank 1: {}",
+            o.stderr
+        );
     }
 }
 
@@ -188,7 +263,11 @@ fn rank_that_never_starts_is_named() {
     let out = wait(&mut job, Duration::from_secs(30));
     for o in &out {
         assert!(!o.status.success());
-        assert!(o.stderr.contains("ranks [1] did not reach the rendezvous"), "{}", o.stderr);
+        assert!(
+            o.stderr.contains("ranks [1] did not reach the rendezvous"),
+            "{}",
+            o.stderr
+        );
     }
 }
 
@@ -201,17 +280,27 @@ fn mismatched_models_fail_on_every_rank() {
     let out = wait(&mut job, Duration::from_secs(60));
     for (r, o) in out.iter().enumerate() {
         assert!(!o.status.success(), "rank {r} should fail");
-        assert!(o.stderr.contains("model mismatch") && o.stderr.contains("fc1.weight"), "rank {r}: {}", o.stderr);
+        assert!(
+            o.stderr.contains("model mismatch") && o.stderr.contains("fc1.weight"),
+            "rank {r}: {}",
+            o.stderr
+        );
     }
 }
 
 #[test]
 fn garbage_and_wrong_token_on_the_store_port_are_dropped() {
     let port = free_port();
-    let mut job = spawn(2, &[0, 1], port, 20.0, &|_| strings(&["loop", "300", "10000"]));
+    let mut job = spawn(2, &[0, 1], port, 20.0, &|_| {
+        strings(&["loop", "300", "10000"])
+    });
     let start = Instant::now();
     while !read(&job.procs[0].out).contains("READY") {
-        assert!(start.elapsed() < Duration::from_secs(30), "rank 0 not ready: {}", read(&job.procs[0].err));
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "rank 0 not ready: {}",
+            read(&job.procs[0].err)
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     // Garbage bytes.
@@ -232,27 +321,59 @@ fn garbage_and_wrong_token_on_the_store_port_are_dropped() {
     let _ = w.write_all(&frame);
     let out = wait(&mut job, Duration::from_secs(60));
     for (r, o) in out.iter().enumerate() {
-        assert!(o.status.success() && o.stdout.contains("LOOP OK"), "rank {r}: {}\n{}", o.stdout, o.stderr);
+        assert!(
+            o.status.success() && o.stdout.contains("LOOP OK"),
+            "rank {r}: {}\n{}",
+            o.stdout,
+            o.stderr
+        );
     }
-    assert!(out[0].stderr.contains("dropped connection"), "rank 0 logs the drops: {}", out[0].stderr);
-    assert!(out[0].stderr.contains("unknown job token"), "{}", out[0].stderr);
+    assert!(
+        out[0].stderr.contains("dropped connection"),
+        "rank 0 logs the drops: {}",
+        out[0].stderr
+    );
+    assert!(
+        out[0].stderr.contains("unknown job token"),
+        "{}",
+        out[0].stderr
+    );
 }
 
 #[test]
 fn launcher_stops_everyone_when_a_rank_fails() {
     let start = Instant::now();
-    let out = Command::new(WORKER).args(["launch", "3", "2"]).output().expect("launcher");
+    let out = Command::new(WORKER)
+        .args(["launch", "3", "2"])
+        .output()
+        .expect("launcher");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(start.elapsed() < Duration::from_secs(30), "the healthy ranks (sleeping 60 s) must be stopped");
-    assert!(stderr.contains("rank 2 (pid ") && stderr.contains("exited with exit code 7"), "{stderr}");
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "the healthy ranks (sleeping 60 s) must be stopped"
+    );
+    assert!(
+        stderr.contains("rank 2 (pid ") && stderr.contains("exited with exit code 7"),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn launcher_runs_workers_with_prefixed_output() {
-    let out = Command::new(WORKER).args(["launch", "2", "-1"]).output().expect("launcher");
+    let out = Command::new(WORKER)
+        .args(["launch", "2", "-1"])
+        .output()
+        .expect("launcher");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("worker 0 of 2 quiet=false"), "{stdout}");
-    assert!(stdout.contains("[rank 1] worker 1 of 2 quiet=true"), "{stdout}");
+    assert!(
+        stdout.contains("[rank 1] worker 1 of 2 quiet=true"),
+        "{stdout}"
+    );
 }

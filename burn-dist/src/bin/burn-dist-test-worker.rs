@@ -8,8 +8,8 @@ use burn::optim::{GradientsParams, SgdConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use burn_dist::{
-    CommBackend, Communicator, CommunicatorExt, Compression, DistOptions, DistributedConfig, DistributedOptimizer,
-    Element, HostBuf, LaunchConfig, ReduceOp, SyncConfig, World,
+    CommBackend, Communicator, CommunicatorExt, Compression, DistOptions, DistributedConfig,
+    DistributedOptimizer, Element, HostBuf, LaunchConfig, ReduceOp, SyncConfig, World,
 };
 use half::{bf16, f16};
 use std::process::ExitCode;
@@ -18,7 +18,10 @@ use std::time::Duration;
 type TB = burn::backend::Autodiff<burn::backend::Flex>;
 
 fn options() -> DistOptions {
-    DistOptions { backend: CommBackend::Host, ..DistOptions::default() }
+    DistOptions {
+        backend: CommBackend::Host,
+        ..DistOptions::default()
+    }
 }
 
 fn main() -> ExitCode {
@@ -28,7 +31,9 @@ fn main() -> ExitCode {
         "collectives" => collectives(),
         "train" => train(&args[2..]),
         "loop" => all_reduce_loop(&args[2..]),
-        "init" => burn_dist::init(&World::from_env().unwrap(), &options()).map(|_| println!("INIT OK")),
+        "init" => {
+            burn_dist::init(&World::from_env().unwrap(), &options()).map(|_| println!("INIT OK"))
+        }
         "launch" => launch(&args[2..]),
         _ => {
             eprintln!("unknown mode {mode:?}");
@@ -80,7 +85,17 @@ impl FromI64 for bf16 {
 fn check_type<T: FromI64>(comm: &dyn Communicator, checksum: &mut u64) -> burn_dist::Result<()> {
     let n = comm.world_size();
     let r = comm.rank();
-    for len in [0usize, 1, 2, 3, 5, 7, 13, 1000, (1 << 20) / std::mem::size_of::<T>() * 2 + 3] {
+    for len in [
+        0usize,
+        1,
+        2,
+        3,
+        5,
+        7,
+        13,
+        1000,
+        (1 << 20) / std::mem::size_of::<T>() * 2 + 3,
+    ] {
         for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min] {
             let mut data: Vec<T> = (0..len).map(|i| T::from_i64(value(r, i))).collect();
             comm.all_reduce(T::host_buf(&mut data), op)?;
@@ -98,8 +113,17 @@ fn check_type<T: FromI64>(comm: &dyn Communicator, checksum: &mut u64) -> burn_d
                 T::divide(&mut reference, n);
             }
             if data != reference {
-                let bad = data.iter().zip(&reference).position(|(a, b)| a != b).unwrap_or(0);
-                panic!("{:?} {op:?} len {len}: element {bad}: {:?} != {:?}", T::DTYPE, data[bad], reference[bad]);
+                let bad = data
+                    .iter()
+                    .zip(&reference)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(0);
+                panic!(
+                    "{:?} {op:?} len {len}: element {bad}: {:?} != {:?}",
+                    T::DTYPE,
+                    data[bad],
+                    reference[bad]
+                );
             }
             for b in bytemuck::cast_slice::<T, u8>(&data) {
                 *checksum = checksum.wrapping_mul(1_000_003).wrapping_add(*b as u64);
@@ -109,11 +133,17 @@ fn check_type<T: FromI64>(comm: &dyn Communicator, checksum: &mut u64) -> burn_d
             let mut data: Vec<T> = (0..len).map(|i| T::from_i64(value(r, i))).collect();
             comm.broadcast(T::host_buf(&mut data), root)?;
             let reference: Vec<T> = (0..len).map(|i| T::from_i64(value(root, i))).collect();
-            assert!(data == reference, "{:?} broadcast from {root} len {len}", T::DTYPE);
+            assert!(
+                data == reference,
+                "{:?} broadcast from {root} len {len}",
+                T::DTYPE
+            );
         }
         let mine: Vec<T> = (0..len).map(|i| T::from_i64(value(r, i))).collect();
         let all = comm.all_gather_vec(&mine)?;
-        let reference: Vec<T> = (0..n).flat_map(|q| (0..len).map(move |i| T::from_i64(value(q, i)))).collect();
+        let reference: Vec<T> = (0..n)
+            .flat_map(|q| (0..len).map(move |i| T::from_i64(value(q, i))))
+            .collect();
         assert!(all == reference, "{:?} all_gather len {len}", T::DTYPE);
     }
     Ok(())
@@ -128,12 +158,22 @@ fn collectives() -> burn_dist::Result<()> {
     check_type::<f16>(comm, &mut checksum)?;
     check_type::<bf16>(comm, &mut checksum)?;
     check_type::<i64>(comm, &mut checksum)?;
-    let mut bytes = if comm.rank() == 0 { b"hello from rank 0".to_vec() } else { Vec::new() };
+    let mut bytes = if comm.rank() == 0 {
+        b"hello from rank 0".to_vec()
+    } else {
+        Vec::new()
+    };
     comm.broadcast_bytes(&mut bytes, 0)?;
     assert_eq!(bytes, b"hello from rank 0");
     comm.barrier()?;
     let m = burn_dist::reduce_metrics(comm, &[1.0, comm.rank() as f64])?;
-    assert_eq!(m, vec![comm.world_size() as f64, (0..comm.world_size()).sum::<usize>() as f64]);
+    assert_eq!(
+        m,
+        vec![
+            comm.world_size() as f64,
+            (0..comm.world_size()).sum::<usize>() as f64
+        ]
+    );
     println!("CHECKSUM {checksum:016x}");
     Ok(())
 }
@@ -146,24 +186,48 @@ struct Mlp<B: Backend> {
 
 impl<BB: Backend> Mlp<BB> {
     fn new(hidden: usize, device: &BB::Device) -> Self {
-        Self { fc1: LinearConfig::new(8, hidden).init(device), fc2: LinearConfig::new(hidden, 4).init(device) }
+        Self {
+            fc1: LinearConfig::new(8, hidden).init(device),
+            fc2: LinearConfig::new(hidden, 4).init(device),
+        }
     }
     fn forward(&self, x: Tensor<BB, 2>) -> Tensor<BB, 2> {
-        self.fc2.forward(burn::tensor::activation::tanh(self.fc1.forward(x)))
+        self.fc2
+            .forward(burn::tensor::activation::tanh(self.fc1.forward(x)))
     }
 }
 
-fn batch(step: usize, rows: std::ops::Range<usize>, device: &burn::tensor::Device<TB>) -> (Tensor<TB, 2>, Tensor<TB, 2>) {
+fn batch(
+    step: usize,
+    rows: std::ops::Range<usize>,
+    device: &burn::tensor::Device<TB>,
+) -> (Tensor<TB, 2>, Tensor<TB, 2>) {
     let n = rows.len();
-    let x: Vec<f32> = rows.clone().flat_map(|r| (0..8).map(move |c| (((r * 31 + c * 17 + step * 13) % 23) as f32 - 11.0) / 7.0)).collect();
-    let y: Vec<f32> = rows.flat_map(|r| (0..4).map(move |c| (((r * 5 + c * 3 + step) % 7) as f32 - 3.0) / 3.0)).collect();
-    (Tensor::from_data(TensorData::new(x, [n, 8]), device), Tensor::from_data(TensorData::new(y, [n, 4]), device))
+    let x: Vec<f32> = rows
+        .clone()
+        .flat_map(|r| {
+            (0..8).map(move |c| (((r * 31 + c * 17 + step * 13) % 23) as f32 - 11.0) / 7.0)
+        })
+        .collect();
+    let y: Vec<f32> = rows
+        .flat_map(|r| (0..4).map(move |c| (((r * 5 + c * 3 + step) % 7) as f32 - 3.0) / 3.0))
+        .collect();
+    (
+        Tensor::from_data(TensorData::new(x, [n, 8]), device),
+        Tensor::from_data(TensorData::new(y, [n, 4]), device),
+    )
 }
 
 struct Dump(Vec<f32>);
 impl<BB: Backend> ModuleVisitor<BB> for Dump {
     fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<BB, D>>) {
-        self.0.extend(p.val().into_data().convert::<f32>().to_vec::<f32>().unwrap());
+        self.0.extend(
+            p.val()
+                .into_data()
+                .convert::<f32>()
+                .to_vec::<f32>()
+                .unwrap(),
+        );
     }
 }
 
@@ -183,7 +247,11 @@ fn train(args: &[String]) -> burn_dist::Result<()> {
     let model = Mlp::<TB>::new(hidden, &device);
     let mut model = burn_dist::broadcast_parameters(dist.comm.as_ref(), model, 0)?;
     let config = DistributedConfig {
-        sync: SyncConfig { compression, bucket_bytes: 256, ..SyncConfig::default() },
+        sync: SyncConfig {
+            compression,
+            bucket_bytes: 256,
+            ..SyncConfig::default()
+        },
         backward_passes_per_step: k,
     };
     let mut opt = DistributedOptimizer::new(SgdConfig::new().init(), dist.comm.clone(), config);
@@ -193,7 +261,10 @@ fn train(args: &[String]) -> burn_dist::Result<()> {
         for pass in 0..k {
             let start = rank * b + pass * sub;
             let (x, y) = batch(step, start..start + sub, &device);
-            let loss = (model.forward(x) - y).powf_scalar(2.0).mean().div_scalar(k as f64);
+            let loss = (model.forward(x) - y)
+                .powf_scalar(2.0)
+                .mean()
+                .div_scalar(k as f64);
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             model = opt.step(0.1, model, grads)?;
         }
@@ -210,17 +281,20 @@ fn train(args: &[String]) -> burn_dist::Result<()> {
 fn all_reduce_loop(args: &[String]) -> burn_dist::Result<()> {
     let iters: usize = args[0].parse().unwrap();
     let len: usize = args[1].parse().unwrap();
-    let die: Option<(usize, usize)> = args.get(2).map(|r| (r.parse().unwrap(), args[3].parse().unwrap()));
+    let die: Option<(usize, usize)> = args
+        .get(2)
+        .map(|r| (r.parse().unwrap(), args[3].parse().unwrap()));
     let dist = burn_dist::init(&World::from_env()?, &options())?;
     let comm = dist.comm.as_ref();
     println!("READY");
     let mut v = vec![1.0f32; len];
     for i in 0..iters {
-        if let Some((r, after)) = die {
-            if r == comm.rank() && i == after {
-                eprintln!("rank {r} dies now");
-                std::process::abort();
-            }
+        if let Some((r, after)) = die
+            && r == comm.rank()
+            && i == after
+        {
+            eprintln!("rank {r} dies now");
+            std::process::abort();
         }
         v.iter_mut().for_each(|x| *x = 1.0);
         comm.all_reduce(HostBuf::F32(&mut v), ReduceOp::Sum)?;
@@ -235,9 +309,18 @@ fn all_reduce_loop(args: &[String]) -> burn_dist::Result<()> {
 fn launch(args: &[String]) -> burn_dist::Result<()> {
     let nproc: usize = args[0].parse().unwrap();
     let fail: i64 = args[1].parse().unwrap();
-    let config = LaunchConfig { nproc_per_node: Some(nproc), master_port: 0, ..LaunchConfig::default() };
+    let config = LaunchConfig {
+        nproc_per_node: Some(nproc),
+        master_port: 0,
+        ..LaunchConfig::default()
+    };
     let world = burn_dist::launch_or_run(&config)?;
-    println!("worker {} of {} quiet={}", world.rank, world.world_size, !burn_dist::should_draw_progress());
+    println!(
+        "worker {} of {} quiet={}",
+        world.rank,
+        world.world_size,
+        !burn_dist::should_draw_progress()
+    );
     if world.rank as i64 == fail {
         std::process::exit(7);
     }
