@@ -1,0 +1,149 @@
+//! Training-step throughput of a ResNet: forward, backward and SGD step, img/s.
+//!
+//! `cargo run --release -p benches --bin train_step -- --model resnet50 --batch 8 --image-size 224`
+
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use burn::module::AutodiffModule;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::{GradientsParams, Optimizer, SgdConfig, momentum::MomentumConfig};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Distribution, Int, Tensor};
+use clap::Parser;
+use models::{ImageClassifier, ResNet, ResNetConfig};
+
+#[derive(Parser, Debug)]
+#[command(about = "ResNet training-step throughput (forward + backward + SGD step)")]
+struct Args {
+    /// resnet18, resnet34, resnet50, resnet101 or resnet152.
+    #[arg(long, default_value = "resnet50")]
+    model: String,
+    /// Images per step.
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    /// Square input size in pixels.
+    #[arg(long, default_value_t = 224)]
+    image_size: usize,
+    /// Timed steps.
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+    /// Untimed steps first.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// flex (CPU) or cuda.
+    #[arg(long, default_value = "flex")]
+    backend: String,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let depth: usize = args
+        .model
+        .strip_prefix("resnet")
+        .and_then(|d| d.parse().ok())
+        .with_context(|| format!("--model {}: expected resnet18|34|50|101|152", args.model))?;
+    let config = ResNetConfig::from_depth(depth, 1000)?;
+    if args.batch == 0 || args.steps == 0 {
+        bail!("--batch and --steps must be at least 1");
+    }
+    match args.backend.as_str() {
+        "flex" => {
+            run::<burn::backend::Autodiff<burn::backend::Flex>>(&args, &config, Default::default())
+        }
+        "cuda" => run_cuda(&args, &config),
+        other => bail!("--backend {other}: expected flex or cuda"),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn run_cuda(args: &Args, config: &ResNetConfig) -> anyhow::Result<()> {
+    // SAFETY: only probes whether libcuda can be loaded; calls no CUDA function.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        bail!(
+            "--backend cuda: no CUDA driver (libcuda.so) found on this machine; use --backend flex"
+        );
+    }
+    run::<burn::backend::Autodiff<burn::backend::Cuda>>(args, config, Default::default())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cuda(_args: &Args, _config: &ResNetConfig) -> anyhow::Result<()> {
+    bail!("--backend cuda: this binary was built without the `cuda` feature")
+}
+
+fn run<B: AutodiffBackend>(
+    args: &Args,
+    config: &ResNetConfig,
+    device: B::Device,
+) -> anyhow::Result<()> {
+    B::seed(&device, 0);
+    let mut model: ResNet<B> = config.init(&device);
+    let images = Tensor::<B, 4>::random(
+        [args.batch, 3, args.image_size, args.image_size],
+        Distribution::Normal(0.0, 1.0),
+        &device,
+    );
+    let labels =
+        Tensor::<B, 1, Int>::random([args.batch], Distribution::Uniform(0.0, 1000.0), &device);
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let mut optimizer = SgdConfig::new()
+        .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
+        .init();
+
+    let mut fwd_bwd = Vec::new();
+    let mut step = Vec::new();
+    for i in 0..args.warmup + args.steps {
+        let start = Instant::now();
+        let loss = loss_fn.forward(model.classify(images.clone()), labels.clone());
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        B::sync(&device)?;
+        let backward_done = start.elapsed();
+        model = optimizer.step(0.01, model, grads);
+        // Reading one value forces the step to finish on asynchronous backends.
+        let _ = model
+            .fc
+            .bias
+            .as_ref()
+            .map(|b| b.val().slice([0..1]).into_scalar());
+        B::sync(&device)?;
+        if i >= args.warmup {
+            fwd_bwd.push(backward_done.as_secs_f64());
+            step.push(start.elapsed().as_secs_f64());
+        }
+    }
+    let _ = model.valid();
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (fwd_bwd, step) = (median(&mut fwd_bwd), median(&mut step));
+    let ips = |t: f64| args.batch as f64 / t;
+    if args.json {
+        println!(
+            "{{\"model\":\"{}\",\"backend\":\"{}\",\"batch\":{},\"image_size\":{},\"fwd_bwd_img_per_sec\":{:.2},\"step_img_per_sec\":{:.2}}}",
+            args.model,
+            args.backend,
+            args.batch,
+            args.image_size,
+            ips(fwd_bwd),
+            ips(step)
+        );
+    } else {
+        println!("# model      backend  batch  size  fwd+bwd(img/s)  step(img/s)  step(ms)");
+        println!(
+            "  {:<10} {:<8} {:>5} {:>5} {:>15.2} {:>12.2} {:>9.1}",
+            args.model,
+            args.backend,
+            args.batch,
+            args.image_size,
+            ips(fwd_bwd),
+            ips(step),
+            step * 1e3
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,451 @@
+//! Checkpoints: written by rank 0 after every epoch to a temp file, fsynced, renamed, so that a
+//! crash never leaves a damaged newest file; every section carries a CRC32C so that resume can
+//! tell a damaged file from a good one and fall back to the previous epoch.
+//!
+//! Layout: `BURNCKPT` magic, u32 format version, u64 header length, the JSON header
+//! ([`CheckpointHeader`]), u32 CRC32C of the header, then the sections the header lists (model
+//! record and optimizer record, Burn's bincode records at full precision).
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::Optimizer;
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+use burn::tensor::Tensor;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::TrainArgs;
+
+const MAGIC: &[u8; 8] = b"BURNCKPT";
+const FORMAT_VERSION: u32 = 1;
+
+type Bytes = BinBytesRecorder<FullPrecisionSettings>;
+
+/// Errors saving or loading a checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The file system refused.
+    #[error("cannot {op} checkpoint {path}: {source}")]
+    Io {
+        /// What we tried.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not a checkpoint, is truncated, or a checksum does not match.
+    #[error("checkpoint {path} is damaged: {what}")]
+    Damaged {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// The checkpoint was written for another model.
+    #[error(
+        "checkpoint {path} holds another model ({saved}) than this run ({current}); \
+         pass the same --model, or another --checkpoint-format to start afresh"
+    )]
+    OtherModel {
+        /// The file.
+        path: PathBuf,
+        /// What the file holds.
+        saved: String,
+        /// What this run trains.
+        current: String,
+    },
+    /// Burn could not encode or decode a record.
+    #[error("checkpoint {path}: cannot {op} the {section} record: {reason}")]
+    Record {
+        /// The file.
+        path: PathBuf,
+        /// `encode` or `decode`.
+        op: &'static str,
+        /// `model` or `optimizer`.
+        section: &'static str,
+        /// What Burn said.
+        reason: String,
+    },
+}
+
+/// Where a section lies in the file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Section {
+    /// `model` or `optimizer`.
+    pub name: String,
+    /// Byte length.
+    pub len: u64,
+    /// CRC32C of the bytes.
+    pub crc32c: u32,
+}
+
+/// Everything in a checkpoint besides the tensors.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckpointHeader {
+    /// Completed epochs: training resumes at this 0-based epoch.
+    pub epoch: usize,
+    /// The run's flags (the config).
+    pub args: TrainArgs,
+    /// Processes in the run that wrote it.
+    pub world_size: usize,
+    /// Data-order state: the sampler's permutation is a function of (seed, epoch), and the
+    /// augmentations of (seed, epoch, sample index), so these two restore the data order exactly.
+    pub data_seed: u64,
+    /// Parameter shapes in visit order, to refuse a checkpoint of another model before decoding.
+    pub model_fingerprint: String,
+    /// The sections that follow the header.
+    pub sections: Vec<Section>,
+}
+
+/// A checkpoint read from disk and checked, not yet decoded into a model.
+#[derive(Debug)]
+pub struct Checkpoint {
+    /// The file.
+    pub path: PathBuf,
+    /// Its header.
+    pub header: CheckpointHeader,
+    model: Vec<u8>,
+    optimizer: Vec<u8>,
+}
+
+/// Parameter shapes in visit order, e.g. `[64,3,7,7];[64];...`.
+pub fn model_fingerprint<B: Backend, M: Module<B>>(model: &M) -> String {
+    struct Shapes(Vec<String>);
+    impl<B: Backend> ModuleVisitor<B> for Shapes {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0.push(format!("{:?}", param.lazy_shape().dims::<D>()));
+        }
+    }
+    let mut shapes = Shapes(Vec::new());
+    model.visit(&mut shapes);
+    shapes.0.join(";")
+}
+
+/// Writes a checkpoint atomically: temp file in the same directory, fsync, rename, fsync the
+/// directory.
+///
+/// # Errors
+/// [`CheckpointError`] naming the file.
+pub fn save<B, M, O>(
+    path: &Path,
+    header: CheckpointHeader,
+    model: &M,
+    optimizer: &O,
+) -> Result<(), CheckpointError>
+where
+    B: AutodiffBackend,
+    M: Module<B> + burn::module::AutodiffModule<B>,
+    O: Optimizer<M, B>,
+{
+    let record_error = |section, reason: String| CheckpointError::Record {
+        path: path.to_path_buf(),
+        op: "encode",
+        section,
+        reason,
+    };
+    let model_bytes = Recorder::<B>::record(&Bytes::default(), model.clone().into_record(), ())
+        .map_err(|e| record_error("model", e.to_string()))?;
+    let optimizer_bytes = Recorder::<B>::record(&Bytes::default(), optimizer.to_record(), ())
+        .map_err(|e| record_error("optimizer", e.to_string()))?;
+    write_file(path, header, &model_bytes, &optimizer_bytes)
+}
+
+fn write_file(
+    path: &Path,
+    mut header: CheckpointHeader,
+    model: &[u8],
+    optimizer: &[u8],
+) -> Result<(), CheckpointError> {
+    let io = |op, source| CheckpointError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    };
+    header.sections = [("model", model), ("optimizer", optimizer)]
+        .iter()
+        .map(|(name, bytes)| Section {
+            name: name.to_string(),
+            len: bytes.len() as u64,
+            crc32c: crc32c::crc32c(bytes),
+        })
+        .collect();
+    let json = serde_json::to_vec(&header).map_err(|e| io("encode", std::io::Error::other(e)))?;
+
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| io("create the directory of", e))?;
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{file_name}.tmp.{}", std::process::id()));
+    let result = (|| {
+        let mut file = File::create(&tmp)?;
+        file.write_all(MAGIC)?;
+        file.write_all(&FORMAT_VERSION.to_le_bytes())?;
+        file.write_all(&(json.len() as u64).to_le_bytes())?;
+        file.write_all(&json)?;
+        file.write_all(&crc32c::crc32c(&json).to_le_bytes())?;
+        file.write_all(model)?;
+        file.write_all(optimizer)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        // The rename is durable only once the directory entry is.
+        File::open(&dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(|e| io("write", e))
+}
+
+/// Reads a checkpoint and checks magic, version, header and section checksums.
+///
+/// # Errors
+/// [`CheckpointError::Io`] if unreadable, [`CheckpointError::Damaged`] if anything is off.
+pub fn read(path: &Path) -> Result<Checkpoint, CheckpointError> {
+    let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io {
+        op: "read",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let damaged = |what: &str| CheckpointError::Damaged {
+        path: path.to_path_buf(),
+        what: what.to_string(),
+    };
+    if bytes.len() < 20 || &bytes[..8] != MAGIC {
+        return Err(damaged("not a checkpoint file (bad magic or too short)"));
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().map_err(|_| damaged("version"))?);
+    if version != FORMAT_VERSION {
+        return Err(damaged(&format!(
+            "format version {version}, expected {FORMAT_VERSION}"
+        )));
+    }
+    let header_len =
+        u64::from_le_bytes(bytes[12..20].try_into().map_err(|_| damaged("length"))?) as usize;
+    let json = bytes
+        .get(20..20usize.saturating_add(header_len))
+        .ok_or_else(|| damaged("truncated header"))?;
+    let crc_at = 20 + header_len;
+    let crc = bytes
+        .get(crc_at..crc_at + 4)
+        .ok_or_else(|| damaged("truncated header checksum"))?;
+    if crc32c::crc32c(json).to_le_bytes() != crc {
+        return Err(damaged("header checksum mismatch"));
+    }
+    let header: CheckpointHeader =
+        serde_json::from_slice(json).map_err(|e| damaged(&format!("header: {e}")))?;
+    let mut at = crc_at + 4;
+    let mut sections = Vec::new();
+    for section in &header.sections {
+        let end = at.saturating_add(section.len as usize);
+        let data = bytes
+            .get(at..end)
+            .ok_or_else(|| damaged(&format!("truncated in section `{}`", section.name)))?;
+        if crc32c::crc32c(data) != section.crc32c {
+            return Err(damaged(&format!(
+                "checksum mismatch in section `{}`",
+                section.name
+            )));
+        }
+        sections.push(data.to_vec());
+        at = end;
+    }
+    if at != bytes.len() {
+        return Err(damaged("trailing bytes after the last section"));
+    }
+    let mut sections = sections.into_iter();
+    let (Some(model), Some(optimizer)) = (sections.next(), sections.next()) else {
+        return Err(damaged("model or optimizer section missing"));
+    };
+    Ok(Checkpoint {
+        path: path.to_path_buf(),
+        header,
+        model,
+        optimizer,
+    })
+}
+
+impl Checkpoint {
+    /// Loads the weights and the optimizer state into `model` and `optimizer`.
+    ///
+    /// # Errors
+    /// [`CheckpointError::OtherModel`] when the file holds another architecture.
+    pub fn restore<B, M, O>(
+        &self,
+        model: M,
+        optimizer: O,
+        device: &B::Device,
+    ) -> Result<(M, O), CheckpointError>
+    where
+        B: AutodiffBackend,
+        M: Module<B> + burn::module::AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        let current = model_fingerprint(&model);
+        if current != self.header.model_fingerprint {
+            return Err(CheckpointError::OtherModel {
+                path: self.path.clone(),
+                saved: self.header.args.model.clone(),
+                current: "the model of this run".to_string(),
+            });
+        }
+        let decode = |section, reason: String| CheckpointError::Record {
+            path: self.path.clone(),
+            op: "decode",
+            section,
+            reason,
+        };
+        let model_record = Recorder::<B>::load(&Bytes::default(), self.model.clone(), device)
+            .map_err(|e| decode("model", e.to_string()))?;
+        let optimizer_record =
+            Recorder::<B>::load(&Bytes::default(), self.optimizer.clone(), device)
+                .map_err(|e| decode("optimizer", e.to_string()))?;
+        Ok((
+            model.load_record(model_record),
+            optimizer.load_record(optimizer_record),
+        ))
+    }
+}
+
+/// What resume found: the newest checkpoint that reads back intact, and the damaged ones newer
+/// than it (reported, then skipped).
+#[derive(Debug, Default)]
+pub struct ResumeScan {
+    /// The checkpoint to resume from, if any.
+    pub newest_valid: Option<Checkpoint>,
+    /// Newer files that failed to read, with the reason.
+    pub damaged: Vec<CheckpointError>,
+}
+
+/// Looks for `checkpoint_format` files for epochs `epochs..=1`, newest first, as Horovod's example,
+/// but takes the newest that is valid rather than the newest that exists.
+pub fn scan_for_resume(args: &TrainArgs) -> ResumeScan {
+    let mut scan = ResumeScan::default();
+    for epoch in (1..=args.epochs).rev() {
+        let path = args.checkpoint_path(epoch);
+        if !path.exists() {
+            continue;
+        }
+        match read(&path) {
+            Ok(checkpoint) if checkpoint.header.epoch == epoch => {
+                scan.newest_valid = Some(checkpoint);
+                break;
+            }
+            Ok(checkpoint) => scan.damaged.push(CheckpointError::Damaged {
+                path,
+                what: format!(
+                    "says epoch {} but is named for epoch {epoch}",
+                    checkpoint.header.epoch
+                ),
+            }),
+            Err(error) => scan.damaged.push(error),
+        }
+    }
+    scan
+}
+
+/// Deletes checkpoints older than the newest `keep` (`--keep-checkpoints`).
+pub fn prune(args: &TrainArgs, newest_epoch: usize) -> Vec<PathBuf> {
+    let Some(keep) = args.keep_checkpoints else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for epoch in (1..=newest_epoch.saturating_sub(keep)).rev() {
+        let path = args.checkpoint_path(epoch);
+        if path.exists() && std::fs::remove_file(&path).is_ok() {
+            removed.push(path);
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn header(epoch: usize) -> CheckpointHeader {
+        CheckpointHeader {
+            epoch,
+            args: TrainArgs::parse_from(["train"]),
+            world_size: 1,
+            data_seed: 42,
+            model_fingerprint: "[2, 2]".into(),
+            sections: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn written_file_reads_back_and_any_damage_is_detected() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("checkpoint-3.ckpt");
+        write_file(&path, header(3), b"model-bytes", b"optimizer-bytes").expect("write");
+        let checkpoint = read(&path).expect("reads back");
+        assert_eq!(checkpoint.header.epoch, 3);
+        assert_eq!(checkpoint.model, b"model-bytes");
+        assert_eq!(checkpoint.optimizer, b"optimizer-bytes");
+        // No temp file is left behind.
+        let names: Vec<_> = std::fs::read_dir(dir.path()).expect("ls").collect();
+        assert_eq!(names.len(), 1);
+
+        let good = std::fs::read(&path).expect("read");
+        for (what, bytes) in [
+            ("truncated", good[..good.len() - 3].to_vec()),
+            ("flipped bit in the optimizer", {
+                let mut b = good.clone();
+                let last = b.len() - 1;
+                b[last] ^= 0x10;
+                b
+            }),
+            ("flipped bit in the header", {
+                let mut b = good.clone();
+                b[30] ^= 0x01;
+                b
+            }),
+            ("empty", Vec::new()),
+        ] {
+            std::fs::write(&path, &bytes).expect("write");
+            let error = read(&path).expect_err(what);
+            assert!(
+                matches!(error, CheckpointError::Damaged { .. }),
+                "{what}: {error}"
+            );
+            assert!(error.to_string().contains("checkpoint-3.ckpt"), "{error}");
+        }
+    }
+
+    #[test]
+    fn resume_skips_a_damaged_newest_file() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let format = dir.path().join("ckpt-{epoch}.ckpt");
+        let mut args = TrainArgs::parse_from(["train", "--epochs", "5"]);
+        args.checkpoint_format = format.to_string_lossy().into_owned();
+        for epoch in 1..=3 {
+            write_file(&args.checkpoint_path(epoch), header(epoch), b"m", b"o").expect("write");
+        }
+        let newest = args.checkpoint_path(3);
+        let bytes = std::fs::read(&newest).expect("read");
+        std::fs::write(&newest, &bytes[..bytes.len() / 2]).expect("truncate");
+
+        let scan = scan_for_resume(&args);
+        assert_eq!(scan.newest_valid.as_ref().map(|c| c.header.epoch), Some(2));
+        assert_eq!(scan.damaged.len(), 1);
+        assert!(scan.damaged[0].to_string().contains("ckpt-3.ckpt"));
+
+        args.keep_checkpoints = Some(1);
+        let removed = prune(&args, 3);
+        assert_eq!(
+            removed,
+            vec![args.checkpoint_path(2), args.checkpoint_path(1)]
+        );
+        assert!(newest.exists());
+    }
+}

@@ -1,0 +1,266 @@
+//! Command-line flags: Horovod's `pytorch_imagenet_resnet50.py` flags with its defaults, plus
+//! the launcher's and the input pipeline's.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+/// How to treat an image file that cannot be decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum OnBadImage {
+    /// Warn once per file, use the next good image instead, count skips per epoch.
+    Skip,
+    /// Stop at the first bad file, naming it.
+    Strict,
+}
+
+/// Data-parallel ImageNet training, as Horovod's `pytorch_imagenet_resnet50.py`.
+#[derive(Parser, Debug, Clone, Serialize, Deserialize)]
+#[command(
+    name = "train",
+    version,
+    about = "Data-parallel ImageNet training of ResNets on Burn (Horovod's ImageNet example).",
+    long_about = "Data-parallel ImageNet training of ResNets on Burn (Horovod's ImageNet example).\n\n\
+        With no ImageNet at --train-dir and no --train-dir given, trains a small ResNet on a \
+        generated synthetic dataset (the quickstart)."
+)]
+pub struct TrainArgs {
+    /// Path to training data (ImageFolder layout: <dir>/<class>/<image>).
+    #[arg(long, default_value = "~/imagenet/train")]
+    pub train_dir: PathBuf,
+    /// Path to validation data (same layout, class sub-folders required).
+    #[arg(long, default_value = "~/imagenet/validation")]
+    pub val_dir: PathBuf,
+    /// TensorBoard log directory.
+    #[arg(long, default_value = "./logs")]
+    pub log_dir: PathBuf,
+    /// Checkpoint file name; `{epoch}` is replaced by the number of completed epochs.
+    #[arg(long, default_value = "./checkpoint-{epoch}.ckpt")]
+    pub checkpoint_format: String,
+    /// Keep only the newest N checkpoints (default: keep all).
+    #[arg(long)]
+    pub keep_checkpoints: Option<usize>,
+    /// Use fp16 compression during allreduce.
+    #[arg(long)]
+    pub fp16_allreduce: bool,
+    /// Batches processed locally before each allreduce; it multiplies the total batch size.
+    #[arg(long, default_value_t = 1)]
+    pub batches_per_allreduce: usize,
+    /// Divide gradients by this factor before the sum and by world/factor after.
+    #[arg(long, default_value_t = 1.0)]
+    pub gradient_predivide_factor: f64,
+    /// Input batch size for training (per process, per sub-batch).
+    #[arg(long, default_value_t = 32)]
+    pub batch_size: usize,
+    /// Input batch size for validation (per process).
+    #[arg(long, default_value_t = 32)]
+    pub val_batch_size: usize,
+    /// Number of epochs to train.
+    #[arg(long, default_value_t = 90)]
+    pub epochs: usize,
+    /// Learning rate for a single worker.
+    #[arg(long, default_value_t = 0.0125)]
+    pub base_lr: f64,
+    /// Number of warmup epochs.
+    #[arg(long, default_value_t = 5.0)]
+    pub warmup_epochs: f64,
+    /// SGD momentum.
+    #[arg(long, default_value_t = 0.9)]
+    pub momentum: f64,
+    /// Weight decay.
+    #[arg(long, default_value_t = 0.00005)]
+    pub wd: f64,
+    /// Disable CUDA training (train on the CPU).
+    #[arg(long)]
+    pub no_cuda: bool,
+    /// Random seed (weights, sample order, augmentations).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Model: resnet18, resnet34, resnet50, resnet101 or resnet152.
+    #[arg(long, default_value = "resnet50")]
+    pub model: String,
+    /// Square input size of training crops; validation resizes to size×256/224 then center-crops.
+    #[arg(long, default_value_t = 224)]
+    pub image_size: usize,
+    /// Decoding threads per process.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// What to do with an image file that cannot be decoded.
+    #[arg(long, value_enum, default_value_t = OnBadImage::Skip)]
+    pub on_bad_image: OnBadImage,
+    /// Processes per node (default: one per visible GPU, or 1 without CUDA).
+    #[arg(long)]
+    pub nproc_per_node: Option<usize>,
+    /// Number of nodes.
+    #[arg(long, default_value_t = 1)]
+    pub nnodes: usize,
+    /// Rank of this node, 0..nnodes.
+    #[arg(long, default_value_t = 0)]
+    pub node_rank: usize,
+    /// Address of node 0 (the rendezvous).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub master_addr: String,
+    /// Port of the rendezvous on node 0.
+    #[arg(long, default_value_t = 29500)]
+    pub master_port: u16,
+    /// Stop after this many optimizer steps per epoch (for benchmarks and smoke tests).
+    #[arg(long)]
+    pub max_steps_per_epoch: Option<usize>,
+}
+
+/// A flag value that cannot work, found before any work starts.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid value for --{flag}: {reason}")]
+pub struct InvalidArgs {
+    /// The flag, without dashes.
+    pub flag: &'static str,
+    /// What is wrong and what to do.
+    pub reason: String,
+}
+
+impl TrainArgs {
+    /// Checks every value that can be checked without touching data; one clear error.
+    ///
+    /// # Errors
+    /// [`InvalidArgs`] naming the first bad flag.
+    pub fn validate(&self) -> Result<(), InvalidArgs> {
+        let bad = |flag, reason: &str| {
+            Err(InvalidArgs {
+                flag,
+                reason: reason.to_string(),
+            })
+        };
+        let positive = [
+            ("batch-size", self.batch_size),
+            ("val-batch-size", self.val_batch_size),
+            ("batches-per-allreduce", self.batches_per_allreduce),
+            ("epochs", self.epochs),
+            ("image-size", self.image_size),
+            ("workers", self.workers),
+            ("nnodes", self.nnodes),
+        ];
+        for (flag, value) in positive {
+            if value == 0 {
+                return bad(flag, "must be at least 1");
+            }
+        }
+        if self.image_size < 32 {
+            return bad(
+                "image-size",
+                "must be at least 32 pixels (a ResNet downsamples 32×)",
+            );
+        }
+        if !(self.base_lr.is_finite() && self.base_lr > 0.0) {
+            return bad("base-lr", "must be a positive number");
+        }
+        if !(self.warmup_epochs.is_finite() && self.warmup_epochs >= 0.0) {
+            return bad("warmup-epochs", "must be zero or positive");
+        }
+        if !(0.0..1.0).contains(&self.momentum) {
+            return bad("momentum", "must be in [0, 1)");
+        }
+        if !(self.wd.is_finite() && self.wd >= 0.0) {
+            return bad("wd", "must be zero or positive");
+        }
+        if !(self.gradient_predivide_factor.is_finite() && self.gradient_predivide_factor > 0.0) {
+            return bad("gradient-predivide-factor", "must be a positive number");
+        }
+        if self.node_rank >= self.nnodes {
+            return bad("node-rank", "must be smaller than --nnodes");
+        }
+        if self.nproc_per_node == Some(0) {
+            return bad("nproc-per-node", "must be at least 1");
+        }
+        if self.keep_checkpoints == Some(0) {
+            return bad(
+                "keep-checkpoints",
+                "must be at least 1 (omit it to keep all)",
+            );
+        }
+        if self.max_steps_per_epoch == Some(0) {
+            return bad("max-steps-per-epoch", "must be at least 1");
+        }
+        if !self.checkpoint_format.contains("{epoch}") {
+            return bad(
+                "checkpoint-format",
+                "must contain {epoch}, e.g. ./checkpoint-{epoch}.ckpt",
+            );
+        }
+        Ok(())
+    }
+
+    /// The ResNet depth `--model` names, if it names one.
+    pub fn resnet_depth(&self) -> Option<usize> {
+        let depth = self.model.strip_prefix("resnet")?.parse().ok()?;
+        [18, 34, 50, 101, 152].contains(&depth).then_some(depth)
+    }
+
+    /// The checkpoint path after `epoch` completed epochs.
+    pub fn checkpoint_path(&self, epoch: usize) -> PathBuf {
+        expand_home(Path::new(
+            &self
+                .checkpoint_format
+                .replace("{epoch}", &epoch.to_string()),
+        ))
+    }
+}
+
+/// `~/x` → `$HOME/x`, as Python's `os.path.expanduser` (Horovod's defaults use it).
+pub fn expand_home(path: &Path) -> PathBuf {
+    match (path.strip_prefix("~"), std::env::var_os("HOME")) {
+        (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => path.to_path_buf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> TrainArgs {
+        TrainArgs::try_parse_from(std::iter::once("train").chain(args.iter().copied()))
+            .expect("parses")
+    }
+
+    #[test]
+    fn defaults_are_horovods() {
+        let a = parse(&[]);
+        assert_eq!(a.train_dir, PathBuf::from("~/imagenet/train"));
+        assert_eq!(a.val_dir, PathBuf::from("~/imagenet/validation"));
+        assert_eq!(a.log_dir, PathBuf::from("./logs"));
+        assert_eq!(a.batches_per_allreduce, 1);
+        assert_eq!((a.batch_size, a.val_batch_size, a.epochs), (32, 32, 90));
+        assert_eq!(
+            (a.base_lr, a.warmup_epochs, a.momentum, a.wd),
+            (0.0125, 5.0, 0.9, 0.00005)
+        );
+        assert_eq!((a.gradient_predivide_factor, a.seed), (1.0, 42));
+        assert!(!a.fp16_allreduce && !a.no_cuda);
+        assert_eq!(a.model, "resnet50");
+        a.validate().expect("defaults are valid");
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        for (args, flag) in [
+            (&["--batch-size", "0"][..], "batch-size"),
+            (&["--base-lr=-0.1"][..], "base-lr"),
+            (
+                &["--checkpoint-format", "ckpt.bin"][..],
+                "checkpoint-format",
+            ),
+            (&["--nnodes", "2", "--node-rank", "2"][..], "node-rank"),
+        ] {
+            let error = parse(args).validate().expect_err("invalid");
+            assert_eq!(error.flag, flag, "{args:?}");
+            assert!(error.to_string().contains(flag));
+        }
+    }
+
+    #[test]
+    fn checkpoint_path_fills_in_the_epoch() {
+        let a = parse(&["--checkpoint-format", "/tmp/run/ckpt-{epoch}.ckpt"]);
+        assert_eq!(a.checkpoint_path(7), PathBuf::from("/tmp/run/ckpt-7.ckpt"));
+    }
+}

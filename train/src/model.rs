@@ -1,0 +1,45 @@
+//! What `train` needs to know about a model: how to build it for a backend and a class count.
+
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+use models::{ImageClassifier, ResNet, ResNetConfig};
+
+/// A model family the trainer can build on any backend: implement it (one method and a name) for
+/// your model's config to train your model with `train`'s loop, CLI and launcher.
+pub trait ClassifierConfig {
+    /// The model on backend `B`; validation runs its inner (no-autodiff) module.
+    type Model<B: AutodiffBackend>: ImageClassifier<B>
+        + AutodiffModule<B, InnerModule: ImageClassifier<B::InnerBackend>>;
+
+    /// Builds the model with `num_classes` outputs on `device`.
+    fn init<B: AutodiffBackend>(&self, num_classes: usize, device: &B::Device) -> Self::Model<B>;
+
+    /// A short name for logs and the config table, e.g. `resnet50`.
+    fn name(&self) -> String;
+}
+
+/// The ResNets of the `models` crate, by depth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResNetFamily {
+    /// 18, 34, 50, 101 or 152.
+    pub depth: usize,
+}
+
+impl ClassifierConfig for ResNetFamily {
+    type Model<B: AutodiffBackend> = ResNet<B>;
+
+    fn init<B: AutodiffBackend>(&self, num_classes: usize, device: &B::Device) -> ResNet<B> {
+        let layout = match self.depth {
+            18 => ResNetConfig::resnet18(num_classes),
+            34 => ResNetConfig::resnet34(num_classes),
+            101 => ResNetConfig::resnet101(num_classes),
+            152 => ResNetConfig::resnet152(num_classes),
+            _ => ResNetConfig::resnet50(num_classes),
+        };
+        layout.init(device)
+    }
+
+    fn name(&self) -> String {
+        format!("resnet{}", self.depth)
+    }
+}
