@@ -9,6 +9,7 @@ use crate::wire::{self, ConnKind};
 use crate::world::World;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -268,7 +269,7 @@ impl Host {
     fn run(
         &self,
         op: &'static str,
-        f: impl FnOnce(&mut Links) -> Result<(), RingError>,
+        f: impl FnOnce(&mut Links, &Fail<'_>) -> Result<(), DistError>,
     ) -> Result<()> {
         let Some(mut links) = self.links() else {
             return Ok(());
@@ -280,9 +281,9 @@ impl Host {
             });
         }
         links.seq += 1;
-        let result = f(&mut links);
-        let Err(e) = result else { return Ok(()) };
-        let err = self.explain(op, e);
+        let fail = |e: RingError| self.explain(op, e);
+        let result = f(&mut links, &fail);
+        let Err(err) = result else { return Ok(()) };
         links.broken = Some(err.to_string());
         let _ = links.next.shutdown(Shutdown::Both);
         let _ = links.prev.shutdown(Shutdown::Both);
@@ -316,15 +317,14 @@ impl Host {
         }
         // Was this the echo of a failure another rank already observed? Then name its root cause.
         if let Some(store) = &self.store {
-            match store.wait_missing(&[FAILURE_KEY.to_string()], Duration::from_millis(500)) {
-                Ok(missing) if missing.is_empty() => {
-                    if let Some((root, what)) =
-                        store.try_get(FAILURE_KEY).ok().flatten().and_then(|v| {
-                            let s = String::from_utf8_lossy(&v).into_owned();
-                            let (root, what) = s.split_once(' ')?;
-                            Some((root.parse::<usize>().ok()?, what.to_string()))
-                        })
-                        && root != self.rank
+            // Observers record the failure *before* closing their sockets, so an echo finds it.
+            match store.try_get(FAILURE_KEY) {
+                Ok(Some(v)) => {
+                    if let Some((root, what)) = Some(v).and_then(|v| {
+                        let s = String::from_utf8_lossy(&v).into_owned();
+                        let (root, what) = s.split_once(' ')?;
+                        Some((root.parse::<usize>().ok()?, what.to_string()))
+                    }) && root != self.rank
                     {
                         return DistError::PeerFailed {
                             op,
@@ -334,7 +334,7 @@ impl Host {
                         };
                     }
                 }
-                Ok(_) => {}
+                Ok(None) => {}
                 Err(_) if peer != 0 && self.rank != 0 => {
                     // The store is gone: rank 0 (its server) is down.
                     return DistError::PeerFailed {
@@ -350,6 +350,14 @@ impl Host {
             }
         }
         if timed_out {
+            if let Some(store) = &self.store {
+                let what = format!(
+                    "did not respond within {}s (seen by rank {})",
+                    self.timeout.as_secs_f64(),
+                    self.rank
+                );
+                let _ = store.set(FAILURE_KEY, format!("{peer} {what}").as_bytes());
+            }
             return DistError::Timeout {
                 op,
                 rank: self.rank,
@@ -379,6 +387,9 @@ fn is_timeout(e: &io::Error) -> bool {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
     )
 }
+
+/// Turns a ring failure into the reported error, recording it for the other ranks.
+type Fail<'a> = dyn Fn(RingError) -> DistError + Sync + 'a;
 
 /// What went wrong inside a ring pass.
 enum RingError {
@@ -444,24 +455,29 @@ fn ring_pass<T: Element>(
         &mpsc::Sender<Msg<T>>,
         &mpsc::Receiver<Vec<T>>,
     ) -> Result<(), RingError>,
-) -> Result<(), RingError> {
+    fail: &Fail<'_>,
+) -> Result<(), DistError> {
     let next = &mut links.next;
     let prev = &mut links.prev;
-    let prev_shut = prev.try_clone().map_err(RingError::Recv)?;
-    let next_shut = next.try_clone().map_err(RingError::Send)?;
+    let prev_shut = prev.try_clone().map_err(|e| fail(RingError::Recv(e)))?;
+    let next_shut = next.try_clone().map_err(|e| fail(RingError::Send(e)))?;
+    let sender_failed = AtomicBool::new(false);
+    let sender_failed = &sender_failed;
     let (tx, rx) = mpsc::channel::<Msg<T>>();
     let (ret_tx, ret_rx) = mpsc::channel::<Vec<T>>();
     std::thread::scope(|scope| {
-        let sender = scope.spawn(move || -> io::Result<()> {
+        let sender = scope.spawn(move || -> Result<(), DistError> {
             for msg in rx {
                 let r = match &msg {
                     Msg::Header(h) => next.write_all(h),
                     Msg::Data(v) => next.write_all(bytemuck::cast_slice(v)),
                 };
                 if let Err(e) = r {
-                    // Wake the reader so the whole pass stops now.
+                    sender_failed.store(true, Ordering::SeqCst);
+                    // Record the cause first, then wake the reader so the whole pass stops now.
+                    let err = fail(RingError::Send(e));
                     let _ = prev_shut.shutdown(Shutdown::Both);
-                    return Err(e);
+                    return Err(err);
                 }
                 if let Msg::Data(v) = msg {
                     let _ = ret_tx.send(v);
@@ -481,18 +497,23 @@ fn ring_pass<T: Element>(
             }
             body(prev, &tx, &ret_rx)
         };
-        let result = run();
+        let result = match run() {
+            Ok(()) => Ok(()),
+            // The sender failed first and woke us: its error is the one to report.
+            Err(_) if sender_failed.load(Ordering::SeqCst) => Ok(()),
+            Err(e) => {
+                let err = fail(e);
+                let _ = next_shut.shutdown(Shutdown::Both);
+                Err(err)
+            }
+        };
         drop(tx);
-        if result.is_err() {
-            let _ = next_shut.shutdown(Shutdown::Both);
-        }
-        let sent = sender
-            .join()
-            .unwrap_or_else(|_| Err(io::Error::other("sender thread panicked")));
-        match (result, sent) {
-            (_, Err(e)) => Err(RingError::Send(e)),
-            (r, Ok(())) => r,
-        }
+        let sent = sender.join().unwrap_or_else(|_| {
+            Err(fail(RingError::Send(io::Error::other(
+                "sender thread panicked",
+            ))))
+        });
+        sent.and(result)
     })
 }
 
@@ -513,47 +534,53 @@ fn ring_all_reduce<T: Element>(
     n: usize,
     data: &mut [T],
     op: ReduceOp,
-) -> Result<(), RingError> {
+    fail: &Fail<'_>,
+) -> Result<(), DistError> {
     let hdr = header(links.seq, OP_ALL_REDUCE, T::DTYPE, data.len(), op as u64);
     let chunk = (CHUNK_BYTES / std::mem::size_of::<T>()).max(1);
     let len = data.len();
-    ring_pass::<T>(links, hdr, |prev, tx, pool| {
-        let seg = |i: usize| segment(len, n, (i + n) % n);
-        // Reduce-scatter, step 0 sends our own segment.
-        for c in chunks(seg(rank), chunk) {
-            let mut v = take_buf(pool, c.len());
-            v.copy_from_slice(&data[c]);
-            let _ = tx.send(Msg::Data(v));
-        }
-        for s in 0..n - 1 {
-            let r = seg(rank + 2 * n - s - 1);
-            for c in chunks(r, chunk) {
+    ring_pass::<T>(
+        links,
+        hdr,
+        |prev, tx, pool| {
+            let seg = |i: usize| segment(len, n, (i + n) % n);
+            // Reduce-scatter, step 0 sends our own segment.
+            for c in chunks(seg(rank), chunk) {
                 let mut v = take_buf(pool, c.len());
-                recv_into(prev, &mut v)?;
-                T::reduce(op, &mut v, &data[c.clone()]);
-                if s == n - 2 {
-                    if op == ReduceOp::Avg {
-                        T::divide(&mut v, n);
-                    }
-                    data[c].copy_from_slice(&v);
-                }
+                v.copy_from_slice(&data[c]);
                 let _ = tx.send(Msg::Data(v));
             }
-        }
-        // All-gather.
-        for s in 0..n - 1 {
-            let r = seg(rank + n - s);
-            for c in chunks(r, chunk) {
-                let mut v = take_buf(pool, c.len());
-                recv_into(prev, &mut v)?;
-                data[c].copy_from_slice(&v);
-                if s < n - 2 {
+            for s in 0..n - 1 {
+                let r = seg(rank + 2 * n - s - 1);
+                for c in chunks(r, chunk) {
+                    let mut v = take_buf(pool, c.len());
+                    recv_into(prev, &mut v)?;
+                    T::reduce(op, &mut v, &data[c.clone()]);
+                    if s == n - 2 {
+                        if op == ReduceOp::Avg {
+                            T::divide(&mut v, n);
+                        }
+                        data[c].copy_from_slice(&v);
+                    }
                     let _ = tx.send(Msg::Data(v));
                 }
             }
-        }
-        Ok(())
-    })
+            // All-gather.
+            for s in 0..n - 1 {
+                let r = seg(rank + n - s);
+                for c in chunks(r, chunk) {
+                    let mut v = take_buf(pool, c.len());
+                    recv_into(prev, &mut v)?;
+                    data[c].copy_from_slice(&v);
+                    if s < n - 2 {
+                        let _ = tx.send(Msg::Data(v));
+                    }
+                }
+            }
+            Ok(())
+        },
+        fail,
+    )
 }
 
 fn ring_broadcast(
@@ -563,26 +590,32 @@ fn ring_broadcast(
     data: &mut [u8],
     root: usize,
     dtype: DType,
-) -> Result<(), RingError> {
+    fail: &Fail<'_>,
+) -> Result<(), DistError> {
     let hdr = header(links.seq, OP_BROADCAST, dtype, data.len(), root as u64);
     let forward = (rank + 1) % n != root;
-    ring_pass::<u8>(links, hdr, |prev, tx, pool| {
-        for c in chunks(0..data.len(), CHUNK_BYTES) {
-            if rank == root {
-                let mut v = take_buf(pool, c.len());
-                v.copy_from_slice(&data[c]);
-                let _ = tx.send(Msg::Data(v));
-            } else {
-                let mut v = take_buf(pool, c.len());
-                recv_into(prev, &mut v)?;
-                data[c].copy_from_slice(&v);
-                if forward {
+    ring_pass::<u8>(
+        links,
+        hdr,
+        |prev, tx, pool| {
+            for c in chunks(0..data.len(), CHUNK_BYTES) {
+                if rank == root {
+                    let mut v = take_buf(pool, c.len());
+                    v.copy_from_slice(&data[c]);
                     let _ = tx.send(Msg::Data(v));
+                } else {
+                    let mut v = take_buf(pool, c.len());
+                    recv_into(prev, &mut v)?;
+                    data[c].copy_from_slice(&v);
+                    if forward {
+                        let _ = tx.send(Msg::Data(v));
+                    }
                 }
             }
-        }
-        Ok(())
-    })
+            Ok(())
+        },
+        fail,
+    )
 }
 
 fn ring_all_gather(
@@ -591,31 +624,37 @@ fn ring_all_gather(
     n: usize,
     data: &mut [u8],
     dtype: DType,
-) -> Result<(), RingError> {
+    fail: &Fail<'_>,
+) -> Result<(), DistError> {
     let hdr = header(links.seq, OP_ALL_GATHER, dtype, data.len(), 0);
     let block = data.len() / n;
-    ring_pass::<u8>(links, hdr, |prev, tx, pool| {
-        let blk = |i: usize| {
-            let i = i % n;
-            i * block..(i + 1) * block
-        };
-        for c in chunks(blk(rank), CHUNK_BYTES) {
-            let mut v = take_buf(pool, c.len());
-            v.copy_from_slice(&data[c]);
-            let _ = tx.send(Msg::Data(v));
-        }
-        for s in 0..n - 1 {
-            for c in chunks(blk(rank + 2 * n - s - 1), CHUNK_BYTES) {
+    ring_pass::<u8>(
+        links,
+        hdr,
+        |prev, tx, pool| {
+            let blk = |i: usize| {
+                let i = i % n;
+                i * block..(i + 1) * block
+            };
+            for c in chunks(blk(rank), CHUNK_BYTES) {
                 let mut v = take_buf(pool, c.len());
-                recv_into(prev, &mut v)?;
-                data[c].copy_from_slice(&v);
-                if s < n - 2 {
-                    let _ = tx.send(Msg::Data(v));
+                v.copy_from_slice(&data[c]);
+                let _ = tx.send(Msg::Data(v));
+            }
+            for s in 0..n - 1 {
+                for c in chunks(blk(rank + 2 * n - s - 1), CHUNK_BYTES) {
+                    let mut v = take_buf(pool, c.len());
+                    recv_into(prev, &mut v)?;
+                    data[c].copy_from_slice(&v);
+                    if s < n - 2 {
+                        let _ = tx.send(Msg::Data(v));
+                    }
                 }
             }
-        }
-        Ok(())
-    })
+            Ok(())
+        },
+        fail,
+    )
 }
 
 impl Communicator for Host {
@@ -634,13 +673,13 @@ impl Communicator for Host {
 
     fn all_reduce(&self, buf: HostBuf<'_>, op: ReduceOp) -> Result<()> {
         let (rank, n) = (self.rank, self.world_size);
-        self.run("all_reduce", |l| match buf {
-            HostBuf::F32(s) => ring_all_reduce(l, rank, n, s, op),
-            HostBuf::F64(s) => ring_all_reduce(l, rank, n, s, op),
-            HostBuf::F16(s) => ring_all_reduce(l, rank, n, s, op),
-            HostBuf::BF16(s) => ring_all_reduce(l, rank, n, s, op),
-            HostBuf::I64(s) => ring_all_reduce(l, rank, n, s, op),
-            HostBuf::U8(s) => ring_all_reduce(l, rank, n, s, op),
+        self.run("all_reduce", |l, fail| match buf {
+            HostBuf::F32(s) => ring_all_reduce(l, rank, n, s, op, fail),
+            HostBuf::F64(s) => ring_all_reduce(l, rank, n, s, op, fail),
+            HostBuf::F16(s) => ring_all_reduce(l, rank, n, s, op, fail),
+            HostBuf::BF16(s) => ring_all_reduce(l, rank, n, s, op, fail),
+            HostBuf::I64(s) => ring_all_reduce(l, rank, n, s, op, fail),
+            HostBuf::U8(s) => ring_all_reduce(l, rank, n, s, op, fail),
         })
     }
 
@@ -652,8 +691,8 @@ impl Communicator for Host {
             });
         }
         let (rank, n, dtype) = (self.rank, self.world_size, buf.dtype());
-        self.run("broadcast", |l| {
-            ring_broadcast(l, rank, n, buf.bytes_mut(), root, dtype)
+        self.run("broadcast", |l, fail| {
+            ring_broadcast(l, rank, n, buf.bytes_mut(), root, dtype, fail)
         })
     }
 
@@ -669,8 +708,8 @@ impl Communicator for Host {
             });
         }
         let (rank, n, dtype) = (self.rank, self.world_size, buf.dtype());
-        self.run("all_gather", |l| {
-            ring_all_gather(l, rank, n, buf.bytes_mut(), dtype)
+        self.run("all_gather", |l, fail| {
+            ring_all_gather(l, rank, n, buf.bytes_mut(), dtype, fail)
         })
     }
 
