@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Compare burn-dist's host all-reduce with torch.distributed Gloo (run by hand, never by tests).
+
+    python3 benches/compare_allreduce.py --nproc 2 [--max-bytes 268435456] [--skip-build]
+
+Runs the same sweep as `benches/src/bin/allreduce.rs` (in-place f32 sum, 8 B .. max ×2, warm-up,
+then timed iterations; busbw = algbw * 2(n-1)/n as nccl-tests) with Gloo on 127.0.0.1 using
+`--nproc` processes, runs our binary with `--json`, and prints both tables and the busbw ratio.
+Needs `pip install torch`.
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def iterations(nbytes, max_iters):
+    return min(max(5, (2 << 30) // max(nbytes, 1)), max(5, max_iters))
+
+
+def gloo_worker(rank, nproc, port, args, queue):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=nproc)
+    rows = []
+    nbytes = max(args.min_bytes, 4)
+    while nbytes <= args.max_bytes:
+        count = nbytes // 4
+        idx = torch.arange(count, dtype=torch.int64)
+        buf = ((idx % 13).float() + 1.0) * (rank + 1) * 1e-3
+        iters = iterations(nbytes, args.iters)
+        for _ in range(args.warmup):
+            dist.all_reduce(buf)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(buf)
+        t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        check = ((idx % 13).float() + 1.0) * (rank + 1)
+        dist.all_reduce(check)
+        expect = ((idx % 13).float() + 1.0) * (nproc * (nproc + 1) / 2)
+        wrong = torch.tensor([int((check != expect).sum())])
+        dist.all_reduce(wrong)
+        t = float(t[0])
+        algbw = nbytes / t / 1e9
+        rows.append({"size": nbytes, "count": count, "type": "float", "time_us": t * 1e6, "algbw_gbs": algbw,
+                     "busbw_gbs": algbw * 2 * (nproc - 1) / nproc, "wrong": int(wrong[0])})
+        nbytes *= 2
+    if rank == 0:
+        queue.put(rows)
+    dist.destroy_process_group()
+
+
+def run_gloo(args):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=gloo_worker, args=(r, args.nproc, port, args, queue)) for r in range(args.nproc)]
+    for p in procs:
+        p.start()
+    rows = queue.get()
+    for p in procs:
+        p.join()
+    return rows
+
+
+def run_ours(args):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not args.skip_build:
+        subprocess.run(["cargo", "build", "--release", "-p", "benches", "--bin", "allreduce", "--no-default-features"],
+                       cwd=root, check=True)
+    exe = os.path.join(root, "target", "release", "allreduce")
+    out = subprocess.run([exe, "--nproc", str(args.nproc), "--backend", "host", "--json",
+                          "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
+                          "--warmup", str(args.warmup), "--iters", str(args.iters)],
+                         cwd=root, check=True, capture_output=True, text=True)
+    return [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
+
+
+def table(title, rows):
+    print(f"# {title}")
+    print(f"# {'size(B)':>12} {'count':>12} {'type':>6} {'time(us)':>12} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>8}")
+    for r in rows:
+        print(f"  {r['size']:>12} {r['count']:>12} {r['type']:>6} {r['time_us']:>12.1f} {r['algbw_gbs']:>12.3f} "
+              f"{r['busbw_gbs']:>12.3f} {r['wrong']:>8}")
+    print()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--min-bytes", type=int, default=8)
+    ap.add_argument("--max-bytes", type=int, default=256 << 20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--skip-build", action="store_true", help="use the existing target/release/allreduce")
+    ap.add_argument("--only", choices=["ours", "gloo"], help="run one side only")
+    args = ap.parse_args()
+    ours = run_ours(args) if args.only != "gloo" else []
+    gloo = run_gloo(args) if args.only != "ours" else []
+    if ours:
+        table(f"burn-dist host, {args.nproc} processes", ours)
+    if gloo:
+        table(f"torch.distributed gloo, {args.nproc} processes", gloo)
+    if ours and gloo:
+        print(f"# {'size(B)':>12} {'ours busbw':>12} {'gloo busbw':>12} {'ratio':>8}")
+        for a, b in zip(ours, gloo):
+            ratio = a["busbw_gbs"] / b["busbw_gbs"] if b["busbw_gbs"] > 0 else float("nan")
+            print(f"  {a['size']:>12} {a['busbw_gbs']:>12.3f} {b['busbw_gbs']:>12.3f} {ratio:>8.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

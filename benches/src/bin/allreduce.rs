@@ -1,0 +1,119 @@
+//! nccl-tests-style all-reduce sweep over `burn-dist` communicators.
+//!
+//! `cargo run --release -p benches --bin allreduce -- --nproc 2 --backend host`
+//!
+//! Launches `--nproc` processes on this machine (through `burn_dist::launch_or_run`), sweeps
+//! message sizes from `--min-bytes` to `--max-bytes` (×2), warms up, times in-place f32 sum
+//! all-reduces, then checks one more all-reduce of a known pattern (`#wrong`). busbw follows
+//! nccl-tests: `algbw · 2(n−1)/n`. The NCCL backend stages host buffers through the device.
+
+use anyhow::{Context, Result, bail};
+use burn_dist::{CommBackend, DistOptions, HostBuf, LaunchConfig, ReduceOp};
+use clap::Parser;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+#[command(about = "All-reduce bandwidth sweep (nccl-tests conventions)")]
+struct Args {
+    /// Processes to launch on this machine.
+    #[arg(long, default_value_t = 2)]
+    nproc: usize,
+    /// Communicator: host (TCP ring) or nccl (feature cuda).
+    #[arg(long, default_value = "host")]
+    backend: String,
+    /// Smallest message in bytes.
+    #[arg(long, default_value_t = 8)]
+    min_bytes: usize,
+    /// Largest message in bytes.
+    #[arg(long, default_value_t = 256 << 20)]
+    max_bytes: usize,
+    /// Warm-up iterations per size.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Upper bound of timed iterations per size (fewer for big messages).
+    #[arg(long, default_value_t = 200)]
+    iters: usize,
+    /// Rendezvous port (0: pick a free one).
+    #[arg(long, default_value_t = 0)]
+    master_port: u16,
+    /// Print one JSON object per size instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn pattern(rank: usize, i: usize) -> f32 {
+    ((i % 13) as f32 + 1.0) * (rank as f32 + 1.0)
+}
+
+fn run() -> Result<()> {
+    let args = Args::parse();
+    let backend = match args.backend.as_str() {
+        "host" => CommBackend::Host,
+        "nccl" => CommBackend::Nccl,
+        other => bail!("unknown --backend {other:?}: expected host or nccl"),
+    };
+    let launch = LaunchConfig { nproc_per_node: Some(args.nproc), master_port: args.master_port, ..LaunchConfig::default() };
+    let world = burn_dist::launch_or_run(&launch).context("launching the benchmark workers")?;
+    let dist = burn_dist::init(&world, &DistOptions { backend, ..DistOptions::default() }).context("joining the job")?;
+    let comm = dist.comm.as_ref();
+    let n = comm.world_size();
+    let rank = comm.rank();
+    if rank == 0 && !args.json {
+        println!("# burn-dist all_reduce: backend {}, {n} processes, in-place f32 sum", comm.backend_name());
+        println!("# {:>12} {:>12} {:>6} {:>12} {:>12} {:>12} {:>8}", "size(B)", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    }
+    let mut bytes = args.min_bytes.max(4);
+    while bytes <= args.max_bytes {
+        let count = bytes / 4;
+        let mut buf: Vec<f32> = (0..count).map(|i| pattern(rank, i) * 1e-3).collect();
+        let iters = (((2usize << 30) / bytes.max(1)).clamp(5, args.iters.max(5))).min(args.iters.max(1));
+        for _ in 0..args.warmup {
+            comm.all_reduce(HostBuf::F32(&mut buf), ReduceOp::Sum)?;
+        }
+        comm.barrier()?;
+        let start = Instant::now();
+        for _ in 0..iters {
+            comm.all_reduce(HostBuf::F32(&mut buf), ReduceOp::Sum)?;
+        }
+        let mut secs = [start.elapsed().as_secs_f64() / iters as f64];
+        comm.all_reduce(HostBuf::F64(&mut secs), ReduceOp::Max)?;
+        // Correctness after timing: one all-reduce of a known pattern.
+        let mut check: Vec<f32> = (0..count).map(|i| pattern(rank, i)).collect();
+        comm.all_reduce(HostBuf::F32(&mut check), ReduceOp::Sum)?;
+        let ranks_sum = (n * (n + 1) / 2) as f32;
+        let wrong = check.iter().enumerate().filter(|(i, v)| **v != ((i % 13) as f32 + 1.0) * ranks_sum).count();
+        let mut wrong_all = [wrong as i64];
+        comm.all_reduce(HostBuf::I64(&mut wrong_all), ReduceOp::Sum)?;
+        let t = secs[0];
+        let algbw = bytes as f64 / t / 1e9;
+        let busbw = algbw * 2.0 * (n as f64 - 1.0) / n as f64;
+        if rank == 0 {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"size": bytes, "count": count, "type": "float", "time_us": t * 1e6,
+                        "algbw_gbs": algbw, "busbw_gbs": busbw, "wrong": wrong_all[0],
+                        "nproc": n, "backend": comm.backend_name()})
+                );
+            } else {
+                println!(
+                    "  {:>12} {:>12} {:>6} {:>12.1} {:>12.3} {:>12.3} {:>8}",
+                    bytes, count, "float", t * 1e6, algbw, busbw, wrong_all[0]
+                );
+            }
+        }
+        bytes *= 2;
+    }
+    Ok(())
+}
