@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""torchvision vs the `data` crate on the same ImageFolder (run by hand, never by tests or CI).
+
+    pip install torch torchvision pillow
+    python benches/compare_data.py --root target/bench-data/imagenet-like-2000 --workers 2
+
+Runs torchvision's ImageFolder + DataLoader(num_workers=N) with Horovod's example transforms
+(train: RandomResizedCrop(224) + RandomHorizontalFlip + ToTensor + Normalize; val: Resize(256) +
+CenterCrop(224) + ToTensor + Normalize; decode only: PIL open + convert("RGB")), then the Rust
+benchmark (`cargo run --release -p benches --no-default-features --bin data -- --json`, or
+--rust-json FILE with its saved output), and prints both img/s figures and the ratio.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader
+from torchvision import datasets, transforms
+
+MEAN = [0.485, 0.456, 0.406]
+STD = [0.229, 0.224, 0.225]
+
+
+def decode_only(img):
+    # PIL's loader already decoded the file (ImageFolder's pil_loader: open + convert("RGB")).
+    img.load()
+    return 0
+
+
+def time_loader(root, transform, workers, batch_size, repeat, collate=None):
+    ds = datasets.ImageFolder(root, transform=transform)
+    best = 0.0
+    for _ in range(repeat):
+        loader = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers,
+                            collate_fn=collate, drop_last=False)
+        n = 0
+        t = time.perf_counter()
+        for images, _labels in loader:
+            n += len(images)
+        best = max(best, n / (time.perf_counter() - t))
+    return best, len(ds)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--root", required=True, help="ImageFolder root (e.g. made by the Rust bench's --generate)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--repeat", type=int, default=2, help="timed passes, best reported")
+    p.add_argument("--rust-json", help="saved output of the Rust bench --json (skips running it)")
+    p.add_argument("--skip-rust", action="store_true")
+    args = p.parse_args()
+
+    torch.set_num_threads(1)
+    size = args.size
+    resize = round(size * 256 / 224)
+    norm = transforms.Normalize(MEAN, STD)
+    train_t = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
+                                  transforms.ToTensor(), norm])
+    val_t = transforms.Compose([transforms.Resize(resize), transforms.CenterCrop(size), transforms.ToTensor(), norm])
+    list_collate = lambda batch: ([b[0] for b in batch], [b[1] for b in batch])
+
+    tv = {}
+    tv["decode"], n = time_loader(args.root, decode_only, args.workers, args.batch_size, args.repeat, list_collate)
+    tv["train"], _ = time_loader(args.root, train_t, args.workers, args.batch_size, args.repeat)
+    tv["val"], _ = time_loader(args.root, val_t, args.workers, args.batch_size, args.repeat)
+
+    rust = None
+    if args.rust_json:
+        with open(args.rust_json) as f:
+            rust = json.load(f)
+    elif not args.skip_rust:
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        cmd = ["cargo", "run", "--release", "-q", "-p", "benches", "--no-default-features", "--bin", "data", "--",
+               "--root", os.path.abspath(args.root), "--workers", str(args.workers), "--size", str(size),
+               "--batch-size", str(args.batch_size), "--repeat", str(args.repeat), "--json"]
+        out = subprocess.run(cmd, cwd=repo, check=True, capture_output=True, text=True).stdout
+        rust = json.loads(out.strip().splitlines()[-1])
+
+    print(f"# {n} images in {args.root}, {args.workers} workers, size {size}, batch {args.batch_size}, "
+          f"torch {torch.__version__}")
+    print(f"# {'pipeline':<10} {'torchvision_img_per_s':>22} {'rust_img_per_s':>15} {'ratio':>7}")
+    for name in ["decode", "train", "val"]:
+        r = rust[f"{name}_img_per_s"] if rust else float("nan")
+        print(f"  {name:<10} {tv[name]:>22.1f} {r:>15.1f} {r / tv[name]:>7.2f}")
+    if rust:
+        print("# rust per-stage CPU time (ms per image): " + ", ".join(
+            f"{k[:-len('_ms_per_img')]} {v:.3f}" for k, v in rust.items() if k.endswith("_ms_per_img")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+//! Input-pipeline benchmark: img/s for decode only, decode + train transforms, decode + val
+//! transforms, and the per-image time of each stage.
+//!
+//! ```text
+//! cargo run --release -p benches --no-default-features --bin data -- --root DIR --workers 2
+//! cargo run --release -p benches --no-default-features --bin data -- --generate 2000 --workers 2
+//! ```
+//!
+//! `--generate N` writes N ImageNet-like JPEGs (500×375 or 375×500, quality 90, textured so they
+//! compress like photos; `data::synthetic::generate_imagenet_like`) into `--root` (default
+//! `target/bench-data/imagenet-like-N`) unless a complete set is already there. `benches/compare_data.py` runs torchvision on the same folder.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use data::transform::Resampler;
+use data::{
+    DistributedSampler, ImageFolder, Loader, LoaderConfig, OutputFormat, Transform, decode_bytes,
+    sample_rng,
+};
+
+#[derive(Parser, Debug)]
+#[command(about = "Input pipeline benchmark (decode, train and val transforms)")]
+struct Args {
+    /// ImageFolder root (class sub-folders of JPEGs).
+    #[arg(long)]
+    root: Option<PathBuf>,
+    /// Decode threads.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Write this many ImageNet-like JPEGs into --root first (skipped if already complete).
+    #[arg(long)]
+    generate: Option<usize>,
+    /// Output side of the transforms.
+    #[arg(long, default_value_t = 224)]
+    size: u32,
+    /// Batch size of the loader runs.
+    #[arg(long, default_value_t = 64)]
+    batch_size: usize,
+    /// Timed passes per measurement; the best is reported.
+    #[arg(long, default_value_t = 2)]
+    repeat: usize,
+    /// Print one JSON object instead of the tables.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Nanoseconds accumulated per stage, over all worker threads.
+#[derive(Default)]
+struct StageClock {
+    read: AtomicU64,
+    decode: AtomicU64,
+    train_fir: AtomicU64,
+    train_image: AtomicU64,
+    val_fir: AtomicU64,
+    val_image: AtomicU64,
+}
+
+fn add(c: &AtomicU64, d: Duration) {
+    c.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+}
+
+fn run(args: Args) -> Result<()> {
+    if args.workers == 0 {
+        bail!("--workers must be at least 1");
+    }
+    let root = match (&args.root, args.generate) {
+        (Some(r), _) => r.clone(),
+        (None, Some(n)) => PathBuf::from(format!("target/bench-data/imagenet-like-{n}")),
+        (None, None) => bail!("pass --root DIR (an ImageFolder) or --generate N"),
+    };
+    if let Some(n) = args.generate {
+        let t = Instant::now();
+        let written = data::synthetic::generate_imagenet_like(&root, n, 0)
+            .with_context(|| format!("generating {n} JPEGs in {}", root.display()))?;
+        if written && !args.json {
+            println!(
+                "# generated {n} JPEGs in {} ({:.1} s)",
+                root.display(),
+                t.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let t = Instant::now();
+    let folder = ImageFolder::new(&root).with_context(|| format!("scanning {}", root.display()))?;
+    let scan_s = t.elapsed().as_secs_f64();
+    let n = folder.len();
+    let paths: Vec<PathBuf> = folder.samples().iter().map(|s| s.path.clone()).collect();
+    let workers = args.workers;
+
+    // Warm the page cache (both frameworks then read from memory).
+    let bytes_total = AtomicU64::new(0);
+    parallel_for(workers, n, |i| {
+        if let Ok(b) = std::fs::read(&paths[i]) {
+            bytes_total.fetch_add(b.len() as u64, Ordering::Relaxed);
+        }
+    });
+    let bytes_total = bytes_total.into_inner();
+
+    // Per-stage CPU time per image (each stage timed inside the workers).
+    let clock = StageClock::default();
+    let train = Transform::train(args.size);
+    let val = Transform::val(args.size);
+    let s = args.size as usize;
+    parallel_for(workers, n, |i| {
+        let p = &paths[i];
+        let t0 = Instant::now();
+        let Ok(bytes) = std::fs::read(p) else { return };
+        let t1 = Instant::now();
+        let Ok(img) = decode_bytes(&bytes) else {
+            return;
+        };
+        let t2 = Instant::now();
+        let mut out = vec![0u8; 3 * s * s];
+        train.apply_into(
+            &img,
+            &mut sample_rng(0, 0, i),
+            Resampler::FastImageResize,
+            &mut out,
+        );
+        let t3 = Instant::now();
+        train.apply_into(&img, &mut sample_rng(0, 0, i), Resampler::Image, &mut out);
+        let t4 = Instant::now();
+        val.apply_into(
+            &img,
+            &mut sample_rng(0, 0, i),
+            Resampler::FastImageResize,
+            &mut out,
+        );
+        let t5 = Instant::now();
+        val.apply_into(&img, &mut sample_rng(0, 0, i), Resampler::Image, &mut out);
+        let t6 = Instant::now();
+        add(&clock.read, t1 - t0);
+        add(&clock.decode, t2 - t1);
+        add(&clock.train_fir, t3 - t2);
+        add(&clock.train_image, t4 - t3);
+        add(&clock.val_fir, t5 - t4);
+        add(&clock.val_image, t6 - t5);
+    });
+    let ms = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64 / 1e6 / n as f64;
+
+    // Wall-clock throughput.
+    let best = |f: &dyn Fn() -> Result<usize>| -> Result<f64> {
+        let mut best = 0.0f64;
+        for _ in 0..args.repeat.max(1) {
+            let t = Instant::now();
+            let count = f()?;
+            best = best.max(count as f64 / t.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    };
+    let decode_ips = best(&|| {
+        let ok = AtomicUsize::new(0);
+        parallel_for(workers, n, |i| {
+            if std::fs::read(&paths[i])
+                .ok()
+                .and_then(|b| decode_bytes(&b).ok())
+                .is_some()
+            {
+                ok.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        Ok(ok.into_inner())
+    })?;
+    let loader_run = |cfg: LoaderConfig| -> Result<usize> {
+        let sampler = DistributedSampler::new(n, 1, 0)?;
+        let mut loader = Loader::new(folder.clone(), sampler, cfg.with_workers(args.workers))?;
+        let mut count = 0;
+        for batch in loader.epoch(0) {
+            count += batch?.len();
+        }
+        Ok(count)
+    };
+    let bs = args.batch_size;
+    let train_ips = best(&|| loader_run(LoaderConfig::train(args.size, bs)))?;
+    let train_image_ips =
+        best(&|| loader_run(LoaderConfig::train(args.size, bs).with_resampler(Resampler::Image)))?;
+    let train_f32_ips =
+        best(&|| loader_run(LoaderConfig::train(args.size, bs).with_output(OutputFormat::F32)))?;
+    let val_ips = best(&|| loader_run(LoaderConfig::val(args.size, bs)))?;
+
+    let stages = [
+        ("read", ms(&clock.read)),
+        ("decode", ms(&clock.decode)),
+        ("train_transform_fir", ms(&clock.train_fir)),
+        ("train_transform_image", ms(&clock.train_image)),
+        ("val_transform_fir", ms(&clock.val_fir)),
+        ("val_transform_image", ms(&clock.val_image)),
+    ];
+    let rows = [
+        ("decode", decode_ips),
+        ("train", train_ips),
+        ("train_image_resize", train_image_ips),
+        ("train_f32", train_f32_ips),
+        ("val", val_ips),
+    ];
+    if args.json {
+        let mut obj = serde_json::json!({
+            "framework": "rust-data",
+            "root": root.display().to_string(),
+            "images": n,
+            "mean_file_kib": bytes_total as f64 / 1024.0 / n as f64,
+            "workers": args.workers,
+            "size": args.size,
+            "batch_size": bs,
+            "scan_s": scan_s,
+        });
+        for (name, v) in rows {
+            obj[format!("{name}_img_per_s")] = serde_json::json!(v);
+        }
+        for (name, v) in stages {
+            obj[format!("{name}_ms_per_img")] = serde_json::json!(v);
+        }
+        println!("{obj}");
+        return Ok(());
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "# {} images in {} ({:.0} KiB each on average), {} workers, size {}, batch {}, scan {:.3} s",
+        n,
+        root.display(),
+        bytes_total as f64 / 1024.0 / n as f64,
+        args.workers,
+        args.size,
+        bs,
+        scan_s
+    )?;
+    writeln!(out, "# {:<22} {:>12}", "pipeline", "img_per_s")?;
+    for (name, v) in rows {
+        writeln!(out, "  {name:<22} {v:>12.1}")?;
+    }
+    writeln!(
+        out,
+        "# {:<22} {:>12}",
+        "stage (per image, CPU)", "ms_per_img"
+    )?;
+    for (name, v) in stages {
+        writeln!(out, "  {name:<22} {v:>12.3}")?;
+    }
+    Ok(())
+}
+
+/// Runs `f(i)` for `i in 0..n` on `workers` scoped threads (dynamic work sharing).
+fn parallel_for(workers: usize, n: usize, f: impl Fn(usize) + Sync) {
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n {
+                        break;
+                    }
+                    f(i);
+                }
+            });
+        }
+    });
+}
