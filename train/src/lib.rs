@@ -27,3 +27,8 @@ pub use error::TrainError;
 pub use model::{ClassifierConfig, ResNetFamily};
 pub use schedule::LrSchedule;
 pub use trainer::{EpochMetrics, RunContext, RunSummary, run};
+
+/// The README's Rust examples compile (`cargo test --doc`).
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

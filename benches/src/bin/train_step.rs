@@ -1,7 +1,12 @@
-//! Training-step throughput of a ResNet: forward, backward and SGD step, img/s.
+//! Training-step throughput of a ResNet: forward, backward and SGD step, img/s, with a fixed
+//! in-memory batch (data excluded) and fed by the `data` pipeline (decode + train transforms,
+//! data included).
 //!
 //! `cargo run --release -p benches --bin train_step -- --model resnet50 --batch 8 --image-size 224`
+//!
+//! `benches/compare_train_step.py` times PyTorch on the CPU with the same model and batch.
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
@@ -11,6 +16,7 @@ use burn::optim::{GradientsParams, Optimizer, SgdConfig, momentum::MomentumConfi
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor};
 use clap::Parser;
+use data::{DistributedSampler, ImageFolder, Loader, LoaderConfig};
 use models::{ImageClassifier, ResNet, ResNetConfig};
 
 #[derive(Parser, Debug)]
@@ -37,6 +43,16 @@ struct Args {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// ImageFolder to feed the data-included figure; default: ImageNet-like JPEGs generated under
+    /// target/bench-data.
+    #[arg(long)]
+    root: Option<PathBuf>,
+    /// Decode threads of the data pipeline.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Skip the data-included figure.
+    #[arg(long)]
+    no_data: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -80,8 +96,6 @@ fn run<B: AutodiffBackend>(
     config: &ResNetConfig,
     device: B::Device,
 ) -> anyhow::Result<()> {
-    B::seed(&device, 0);
-    let mut model: ResNet<B> = config.init(&device);
     let images = Tensor::<B, 4>::random(
         [args.batch, 3, args.image_size, args.image_size],
         Distribution::Normal(0.0, 1.0),
@@ -89,18 +103,111 @@ fn run<B: AutodiffBackend>(
     );
     let labels =
         Tensor::<B, 1, Int>::random([args.batch], Distribution::Uniform(0.0, 1000.0), &device);
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let fixed = time_steps::<B>(args, config, &device, |_| {
+        Ok((images.clone(), labels.clone()))
+    })?;
+
+    let fed = if args.no_data {
+        None
+    } else {
+        let root = match &args.root {
+            Some(root) => root.clone(),
+            None => {
+                let root = PathBuf::from("target/bench-data/imagenet-like-2000");
+                data::synthetic::generate_imagenet_like(&root, 2000, 0)?;
+                root
+            }
+        };
+        let folder = ImageFolder::new(&root)?;
+        let sampler = DistributedSampler::new(folder.len(), 1, 0)?;
+        let mut loader = Loader::new(
+            folder,
+            sampler,
+            LoaderConfig::train(args.image_size as u32, args.batch).with_workers(args.workers),
+        )?;
+        let mut epoch = 0u64;
+        let mut batches = loader.epoch(epoch);
+        Some(time_steps::<B>(args, config, &device, |_| {
+            loop {
+                match batches.next() {
+                    Some(batch) => {
+                        let batch = batch?;
+                        if batch.len() == args.batch {
+                            return Ok((
+                                batch.images_tensor::<B>(&device),
+                                batch.labels_tensor::<B>(&device),
+                            ));
+                        }
+                    }
+                    None => {
+                        epoch += 1;
+                        batches = loader.epoch(epoch);
+                    }
+                }
+            }
+        })?)
+    };
+
+    let ips = |t: f64| args.batch as f64 / t;
+    let fed_ips = fed.map(|t| ips(t.step));
+    if args.json {
+        println!(
+            "{{\"model\":\"{}\",\"backend\":\"{}\",\"batch\":{},\"image_size\":{},\"fwd_bwd_img_per_sec\":{:.3},\"step_img_per_sec\":{:.3},\"step_with_data_img_per_sec\":{}}}",
+            args.model,
+            args.backend,
+            args.batch,
+            args.image_size,
+            ips(fixed.fwd_bwd),
+            ips(fixed.step),
+            fed_ips.map_or("null".to_string(), |v| format!("{v:.3}"))
+        );
+    } else {
+        println!(
+            "# model      backend  batch  size  fwd+bwd(img/s)  step(img/s)  step(ms)  step+data(img/s)"
+        );
+        println!(
+            "  {:<10} {:<8} {:>5} {:>5} {:>15.2} {:>12.2} {:>9.1} {:>17}",
+            args.model,
+            args.backend,
+            args.batch,
+            args.image_size,
+            ips(fixed.fwd_bwd),
+            ips(fixed.step),
+            fixed.step * 1e3,
+            fed_ips.map_or("-".to_string(), |v| format!("{v:.2}"))
+        );
+    }
+    Ok(())
+}
+
+/// Median seconds of the timed steps.
+struct StepTimes {
+    fwd_bwd: f64,
+    step: f64,
+}
+
+/// Warm-up then timed steps of a fresh model; `next_batch` supplies each step's batch (its time
+/// counts: that is the data-included figure).
+fn time_steps<B: AutodiffBackend>(
+    args: &Args,
+    config: &ResNetConfig,
+    device: &B::Device,
+    mut next_batch: impl FnMut(usize) -> anyhow::Result<(Tensor<B, 4>, Tensor<B, 1, Int>)>,
+) -> anyhow::Result<StepTimes> {
+    B::seed(device, 0);
+    let mut model: ResNet<B> = config.init(device);
+    let loss_fn = CrossEntropyLossConfig::new().init(device);
     let mut optimizer = SgdConfig::new()
         .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
         .init();
-
     let mut fwd_bwd = Vec::new();
     let mut step = Vec::new();
     for i in 0..args.warmup + args.steps {
         let start = Instant::now();
-        let loss = loss_fn.forward(model.classify(images.clone()), labels.clone());
+        let (images, labels) = next_batch(i)?;
+        let loss = loss_fn.forward(model.classify(images), labels);
         let grads = GradientsParams::from_grads(loss.backward(), &model);
-        B::sync(&device)?;
+        B::sync(device)?;
         let backward_done = start.elapsed();
         model = optimizer.step(0.01, model, grads);
         // Reading one value forces the step to finish on asynchronous backends.
@@ -108,42 +215,20 @@ fn run<B: AutodiffBackend>(
             .fc
             .bias
             .as_ref()
-            .map(|b| b.val().slice([0..1]).into_scalar());
-        B::sync(&device)?;
+            .map(|b| b.val().sum().into_scalar());
+        B::sync(device)?;
         if i >= args.warmup {
             fwd_bwd.push(backward_done.as_secs_f64());
             step.push(start.elapsed().as_secs_f64());
         }
     }
     let _ = model.valid();
-    let median = |v: &mut Vec<f64>| {
+    let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let (fwd_bwd, step) = (median(&mut fwd_bwd), median(&mut step));
-    let ips = |t: f64| args.batch as f64 / t;
-    if args.json {
-        println!(
-            "{{\"model\":\"{}\",\"backend\":\"{}\",\"batch\":{},\"image_size\":{},\"fwd_bwd_img_per_sec\":{:.2},\"step_img_per_sec\":{:.2}}}",
-            args.model,
-            args.backend,
-            args.batch,
-            args.image_size,
-            ips(fwd_bwd),
-            ips(step)
-        );
-    } else {
-        println!("# model      backend  batch  size  fwd+bwd(img/s)  step(img/s)  step(ms)");
-        println!(
-            "  {:<10} {:<8} {:>5} {:>5} {:>15.2} {:>12.2} {:>9.1}",
-            args.model,
-            args.backend,
-            args.batch,
-            args.image_size,
-            ips(fwd_bwd),
-            ips(step),
-            step * 1e3
-        );
-    }
-    Ok(())
+    Ok(StepTimes {
+        fwd_bwd: median(fwd_bwd),
+        step: median(step),
+    })
 }

@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""PyTorch on the CPU vs the `train_step` benchmark, same model and batch (run by hand only).
+
+    python benches/compare_train_step.py --model resnet50 --batch 8 --image-size 224 --threads 2
+
+Times torchvision's model with SGD (momentum 0.9): forward, cross-entropy, backward, step, on a
+fixed random batch; then runs `cargo run --release -p benches --bin train_step -- --json --no-data`
+with the same settings and prints both img/s figures and the ratio ours / PyTorch.
+"""
+import argparse
+import json
+import subprocess
+import time
+
+import torch
+import torchvision
+
+
+def torch_img_per_sec(model_name, batch, size, steps, warmup, threads):
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, model_name)()
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(batch, 3, size, size)
+    y = torch.randint(0, 1000, (batch,))
+    times = []
+    for i in range(warmup + steps):
+        t = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+    times.sort()
+    return batch / times[len(times) // 2]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--rust-json", help="saved output of train_step --json instead of running it")
+    a = p.parse_args()
+
+    theirs = torch_img_per_sec(a.model, a.batch, a.image_size, a.steps, a.warmup, a.threads)
+    if a.rust_json:
+        ours = json.load(open(a.rust_json))
+    else:
+        out = subprocess.run(
+            ["cargo", "run", "--release", "-q", "-p", "benches", "--bin", "train_step", "--",
+             "--model", a.model, "--batch", str(a.batch), "--image-size", str(a.image_size),
+             "--steps", str(a.steps), "--warmup", str(a.warmup), "--no-data", "--json"],
+            check=True, capture_output=True, text=True).stdout
+        ours = json.loads(out.strip().splitlines()[-1])
+    print(f"# {a.model} batch {a.batch} at {a.image_size}x{a.image_size}, CPU, {a.threads} threads")
+    print(f"# {'impl':<22} {'step(img/s)':>12}")
+    print(f"  {'PyTorch ' + torch.__version__:<22} {theirs:>12.2f}")
+    print(f"  {'burn flex (ours)':<22} {ours['step_img_per_sec']:>12.2f}")
+    print(f"# ratio ours/pytorch: {ours['step_img_per_sec'] / theirs:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

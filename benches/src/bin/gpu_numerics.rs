@@ -1,0 +1,212 @@
+//! CUDA against the CPU: the same seeded ResNet-18 and the same batch on Burn's CUDA backend and on
+//! Flex. Logits, every gradient after one backward, and every parameter after one SGD step must
+//! agree within relative L2 error bounds (f32: far under 1e-3; gradients through batch statistics
+//! get 5e-3). Exit code 0 only if all three pass. Run by `scripts/gpu-check.sh` on a GPU machine.
+
+use std::process::ExitCode;
+
+#[cfg(feature = "cuda")]
+fn main() -> ExitCode {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Args {
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    }
+    let args = Args::parse();
+    // SAFETY: only probes whether libcuda can be loaded; calls no CUDA function.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        eprintln!("gpu_numerics: no CUDA driver (libcuda.so) on this machine");
+        return ExitCode::FAILURE;
+    }
+    match compare::run() {
+        Ok(report) => {
+            if args.json {
+                println!(
+                    "{{\"logits_rel_err\":{:.3e},\"grads_rel_err\":{:.3e},\"step_rel_err\":{:.3e},\"pass\":{}}}",
+                    report.logits,
+                    report.grads,
+                    report.params,
+                    report.pass()
+                );
+            } else {
+                println!("# quantity            rel L2 error   bound");
+                println!(
+                    "  logits              {:>12.3e}   {:.0e}",
+                    report.logits,
+                    compare::LOGITS_TOL
+                );
+                println!(
+                    "  gradients           {:>12.3e}   {:.0e}",
+                    report.grads,
+                    compare::GRADS_TOL
+                );
+                println!(
+                    "  params after step   {:>12.3e}   {:.0e}",
+                    report.params,
+                    compare::PARAMS_TOL
+                );
+            }
+            if report.pass() {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("gpu_numerics: CUDA and CPU disagree beyond the bounds");
+                ExitCode::FAILURE
+            }
+        }
+        Err(error) => {
+            eprintln!("gpu_numerics: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn main() -> ExitCode {
+    eprintln!("gpu_numerics: built without the `cuda` feature");
+    ExitCode::FAILURE
+}
+
+#[cfg(feature = "cuda")]
+mod compare {
+    use std::path::Path;
+
+    use burn::backend::{Autodiff, Cuda, Flex};
+    use burn::module::{Module, ModuleVisitor, Param};
+    use burn::nn::loss::CrossEntropyLossConfig;
+    use burn::optim::{GradientsParams, Optimizer, SgdConfig, momentum::MomentumConfig};
+    use burn::tensor::backend::AutodiffBackend;
+    use burn::tensor::{Int, Tensor, TensorData};
+    use models::{ImageClassifier, ResNet, ResNetConfig, torchvision};
+
+    pub const LOGITS_TOL: f64 = 1e-3;
+    pub const GRADS_TOL: f64 = 5e-3;
+    pub const PARAMS_TOL: f64 = 1e-3;
+
+    pub struct Report {
+        pub logits: f64,
+        pub grads: f64,
+        pub params: f64,
+    }
+
+    impl Report {
+        pub fn pass(&self) -> bool {
+            self.logits < LOGITS_TOL && self.grads < GRADS_TOL && self.params < PARAMS_TOL
+        }
+    }
+
+    struct Outcome {
+        logits: Vec<f32>,
+        grads: Vec<f32>,
+        params: Vec<f32>,
+    }
+
+    fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+        let (mut diff, mut norm) = (0.0f64, 0.0f64);
+        for (x, y) in a.iter().zip(b) {
+            diff += (f64::from(*x) - f64::from(*y)).powi(2);
+            norm += f64::from(*y).powi(2);
+        }
+        if a.len() != b.len() || a.iter().chain(b).any(|v| !v.is_finite()) {
+            return f64::INFINITY;
+        }
+        (diff / norm.max(1e-30)).sqrt()
+    }
+
+    /// One forward, backward and SGD step of `weights` on `images`.
+    fn step<B: AutodiffBackend>(
+        weights: &[u8],
+        images: TensorData,
+        labels: TensorData,
+        device: &B::Device,
+    ) -> anyhow::Result<Outcome> {
+        let model: ResNet<B> = ResNetConfig::resnet18(10).init(device);
+        let model =
+            torchvision::from_safetensors_bytes(model, weights, Path::new("<cpu model>"), device)?;
+        let images = Tensor::<B, 4>::from_data(images, device);
+        let labels = Tensor::<B, 1, Int>::from_data(labels, device);
+        let logits = model.classify(images);
+        let loss = CrossEntropyLossConfig::new()
+            .init(device)
+            .forward(logits.clone(), labels);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+
+        struct Grads<'a, B: AutodiffBackend> {
+            grads: &'a GradientsParams,
+            out: Vec<f32>,
+            _b: std::marker::PhantomData<B>,
+        }
+        impl<B: AutodiffBackend> ModuleVisitor<B> for Grads<'_, B> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
+                    self.out.extend(
+                        g.into_data()
+                            .convert::<f32>()
+                            .to_vec::<f32>()
+                            .unwrap_or_default(),
+                    );
+                }
+            }
+        }
+        let mut visitor = Grads::<B> {
+            grads: &grads,
+            out: Vec::new(),
+            _b: std::marker::PhantomData,
+        };
+        model.visit(&mut visitor);
+        let grad_values = visitor.out;
+
+        let mut sgd = SgdConfig::new()
+            .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
+            .init();
+        let model = sgd.step(0.1, model, grads);
+        struct Values(Vec<f32>);
+        impl<B: AutodiffBackend> ModuleVisitor<B> for Values {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                self.0.extend(
+                    param
+                        .val()
+                        .into_data()
+                        .convert::<f32>()
+                        .to_vec::<f32>()
+                        .unwrap_or_default(),
+                );
+            }
+        }
+        let mut values = Values(Vec::new());
+        model.visit(&mut values);
+        let params = values.0;
+        Ok(Outcome {
+            logits: logits
+                .into_data()
+                .convert::<f32>()
+                .to_vec::<f32>()
+                .unwrap_or_default(),
+            grads: grad_values,
+            params,
+        })
+    }
+
+    pub fn run() -> anyhow::Result<Report> {
+        let cpu = Default::default();
+        <Autodiff<Flex> as burn::tensor::backend::Backend>::seed(&cpu, 7);
+        let model: ResNet<Autodiff<Flex>> = ResNetConfig::resnet18(10).init(&cpu);
+        let weights = torchvision::to_safetensors_bytes(&model)?;
+        let n = 8 * 3 * 64 * 64;
+        let pixels: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+            .collect();
+        let images = TensorData::new(pixels, [8, 3, 64, 64]);
+        let labels = TensorData::new(vec![0i64, 3, 1, 4, 1, 5, 9, 2], [8]);
+
+        let on_cpu = step::<Autodiff<Flex>>(&weights, images.clone(), labels.clone(), &cpu)?;
+        let gpu = burn::backend::cuda::CudaDevice::new(0);
+        let on_gpu = step::<Autodiff<Cuda>>(&weights, images, labels, &gpu)?;
+        Ok(Report {
+            logits: rel_err(&on_gpu.logits, &on_cpu.logits),
+            grads: rel_err(&on_gpu.grads, &on_cpu.grads),
+            params: rel_err(&on_gpu.params, &on_cpu.params),
+        })
+    }
+}
