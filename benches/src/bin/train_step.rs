@@ -211,11 +211,7 @@ fn time_steps<B: AutodiffBackend>(
         let backward_done = start.elapsed();
         model = optimizer.step(0.01, model, grads);
         // Reading one value forces the step to finish on asynchronous backends.
-        let _ = model
-            .fc
-            .bias
-            .as_ref()
-            .map(|b| b.val().sum().into_scalar());
+        let _ = model.fc.bias.as_ref().map(|b| b.val().sum().into_scalar());
         B::sync(device)?;
         if i >= args.warmup {
             fwd_bwd.push(backward_done.as_secs_f64());
