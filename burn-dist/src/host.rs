@@ -20,6 +20,13 @@ const CHUNK_BYTES: usize = 1 << 20;
 const FAILURE_KEY: &str = "burn-dist/host/failure";
 /// How long rank 0 keeps serving the store after a failed collective.
 const STORE_LINGER: Duration = Duration::from_secs(2);
+/// Largest per-step message sent from the calling thread (no sender thread): small enough that
+/// the n-1 steps a rank may run ahead always fit in the socket buffers.
+const INLINE_MAX_BYTES: usize = 16 << 10;
+/// Messages from this size on use cross-memory reads when available.
+const CMA_MIN_BYTES: usize = 32 << 10;
+/// Set to 0 to disable cross-memory reads (always use the TCP ring).
+pub const CMA_ENV: &str = "BURN_DIST_CMA";
 /// Socket buffer size requested (the kernel may clamp it).
 const SOCKET_BUFFER: libc::c_int = 8 << 20;
 
@@ -43,6 +50,8 @@ pub struct Host {
     timeout: Duration,
     store: Option<Arc<Store>>,
     links: Option<Mutex<Links>>,
+    /// Process ids of all ranks when every rank is on this machine and cross-memory reads work.
+    cma: Option<Vec<i32>>,
 }
 
 impl std::fmt::Debug for Host {
@@ -94,6 +103,7 @@ impl Host {
             timeout: crate::comm::DEFAULT_TIMEOUT,
             store: None,
             links: None,
+            cma: None,
         }
     }
 
@@ -114,6 +124,7 @@ impl Host {
                 timeout,
                 store: Some(store),
                 links: None,
+                cma: None,
             });
         }
         let ip = store
@@ -186,8 +197,11 @@ impl Host {
                 seq: 0,
                 broken: None,
             })),
+            cma: None,
         };
         host.barrier()?;
+        let mut host = host;
+        host.cma = host.probe_cma()?;
         Ok(host)
     }
 
@@ -245,6 +259,51 @@ impl Host {
         }
     }
 
+    /// Decides (identically on every rank) whether large all-reduces may use cross-memory reads:
+    /// all ranks on one machine, and a test read of the next rank's memory works everywhere.
+    fn probe_cma(&self) -> Result<Option<Vec<i32>>> {
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        if std::env::var(CMA_ENV).is_ok_and(|v| v == "0") {
+            return Ok(None);
+        }
+        crate::cma::allow_peer_reads();
+        let me = format!("{} {}", crate::cma::machine_id(), std::process::id());
+        store.set(&format!("burn-dist/host/node/{}", self.rank), me.as_bytes())?;
+        let mut machines = Vec::with_capacity(self.world_size);
+        let mut pids = Vec::with_capacity(self.world_size);
+        for r in 0..self.world_size {
+            let v = store.get(&format!("burn-dist/host/node/{r}"), self.timeout)?;
+            let v = String::from_utf8_lossy(&v).into_owned();
+            let (machine, pid) = v.rsplit_once(' ').unwrap_or(("", "0"));
+            machines.push(machine.to_string());
+            pids.push(pid.parse::<i32>().unwrap_or(0));
+        }
+        if machines.iter().any(|m| m.is_empty() || *m != machines[0]) {
+            return Ok(None);
+        }
+        let probe: Box<[u64; 2]> = Box::new([
+            0xB0D5_7E57_0000_0000 | self.rank as u64,
+            !(self.rank as u64),
+        ]);
+        let addrs =
+            crate::comm::CommunicatorExt::all_gather_vec(self, &[probe.as_ptr() as usize as i64])?;
+        let next = (self.rank + 1) % self.world_size;
+        let mut got = [0u64; 2];
+        let ok = crate::cma::read_remote(
+            pids[next],
+            addrs[next] as usize,
+            bytemuck::cast_slice_mut(&mut got),
+        )
+        .is_ok()
+            && got == [0xB0D5_7E57_0000_0000 | next as u64, !(next as u64)];
+        let mut all_ok = [i64::from(ok)];
+        self.all_reduce(HostBuf::I64(&mut all_ok), ReduceOp::Min)?;
+        drop(probe);
+        Ok((all_ok[0] == 1).then_some(pids))
+    }
+
     /// Changes the deadline of subsequent collectives.
     pub fn set_timeout(&mut self, timeout: Duration) -> Result<()> {
         self.timeout = timeout;
@@ -298,6 +357,7 @@ impl Host {
     fn explain(&self, op: &'static str, e: RingError) -> DistError {
         let n = self.world_size;
         let (peer, detail, timed_out, mismatch) = match e {
+            RingError::Peer(q, e) => (q, e.to_string(), is_timeout(&e), None),
             RingError::Recv(e) => ((self.rank + n - 1) % n, e.to_string(), is_timeout(&e), None),
             RingError::Send(e) => ((self.rank + 1) % n, e.to_string(), is_timeout(&e), None),
             RingError::Mismatch { ours, theirs } => (
@@ -393,9 +453,14 @@ type Fail<'a> = dyn Fn(RingError) -> DistError + Sync + 'a;
 
 /// What went wrong inside a ring pass.
 enum RingError {
+    /// A cross-memory read from this rank failed.
+    Peer(usize, io::Error),
     Recv(io::Error),
     Send(io::Error),
-    Mismatch { ours: String, theirs: String },
+    Mismatch {
+        ours: String,
+        theirs: String,
+    },
 }
 
 enum Msg<T> {
@@ -450,15 +515,31 @@ fn chunks(r: std::ops::Range<usize>, chunk: usize) -> impl Iterator<Item = std::
 fn ring_pass<T: Element>(
     links: &mut Links,
     hdr: [u8; 32],
-    body: impl FnOnce(
-        &mut TcpStream,
-        &mpsc::Sender<Msg<T>>,
-        &mpsc::Receiver<Vec<T>>,
-    ) -> Result<(), RingError>,
+    inline: bool,
+    body: impl FnOnce(&mut TcpStream, &mut Out<'_, T>, &mpsc::Receiver<Vec<T>>) -> Result<(), RingError>,
     fail: &Fail<'_>,
 ) -> Result<(), DistError> {
     let next = &mut links.next;
     let prev = &mut links.prev;
+    if inline {
+        // Small messages: every step's sends fit in the socket buffers, so write them from this
+        // thread before reading (no sender thread to start: lower latency).
+        let (_keep, pool) = mpsc::channel::<Vec<T>>();
+        let mut out = Out::Inline(next);
+        let run = || -> Result<(), RingError> {
+            out.send(Msg::Header(hdr))?;
+            let mut theirs = [0u8; 32];
+            prev.read_exact(&mut theirs).map_err(RingError::Recv)?;
+            if theirs != hdr {
+                return Err(RingError::Mismatch {
+                    ours: describe(&hdr),
+                    theirs: describe(&theirs),
+                });
+            }
+            body(prev, &mut out, &pool)
+        };
+        return run().map_err(fail);
+    }
     let prev_shut = prev.try_clone().map_err(|e| fail(RingError::Recv(e)))?;
     let next_shut = next.try_clone().map_err(|e| fail(RingError::Send(e)))?;
     let sender_failed = AtomicBool::new(false);
@@ -486,7 +567,8 @@ fn ring_pass<T: Element>(
             Ok(())
         });
         let run = || -> Result<(), RingError> {
-            let _ = tx.send(Msg::Header(hdr));
+            let mut out = Out::Thread(tx.clone());
+            out.send(Msg::Header(hdr))?;
             let mut theirs = [0u8; 32];
             prev.read_exact(&mut theirs).map_err(RingError::Recv)?;
             if theirs != hdr {
@@ -495,7 +577,7 @@ fn ring_pass<T: Element>(
                     theirs: describe(&theirs),
                 });
             }
-            body(prev, &tx, &ret_rx)
+            body(prev, &mut out, &ret_rx)
         };
         let result = match run() {
             Ok(()) => Ok(()),
@@ -515,6 +597,29 @@ fn ring_pass<T: Element>(
         });
         sent.and(result)
     })
+}
+
+/// Where a ring pass's outgoing messages go: the sender thread, or straight to the socket.
+enum Out<'a, T> {
+    Thread(mpsc::Sender<Msg<T>>),
+    Inline(&'a mut TcpStream),
+}
+
+impl<T: Element> Out<'_, T> {
+    fn send(&mut self, msg: Msg<T>) -> Result<(), RingError> {
+        match self {
+            Out::Thread(tx) => {
+                // A closed channel means the sender failed; its error is reported instead.
+                let _ = tx.send(msg);
+                Ok(())
+            }
+            Out::Inline(next) => match msg {
+                Msg::Header(h) => next.write_all(&h),
+                Msg::Data(v) => next.write_all(bytemuck::cast_slice(&v)),
+            }
+            .map_err(RingError::Send),
+        }
+    }
 }
 
 fn take_buf<T: Element>(pool: &mpsc::Receiver<Vec<T>>, len: usize) -> Vec<T> {
@@ -539,16 +644,18 @@ fn ring_all_reduce<T: Element>(
     let hdr = header(links.seq, OP_ALL_REDUCE, T::DTYPE, data.len(), op as u64);
     let chunk = (CHUNK_BYTES / std::mem::size_of::<T>()).max(1);
     let len = data.len();
+    let inline = len.div_ceil(n) * std::mem::size_of::<T>() <= INLINE_MAX_BYTES;
     ring_pass::<T>(
         links,
         hdr,
+        inline,
         |prev, tx, pool| {
             let seg = |i: usize| segment(len, n, (i + n) % n);
             // Reduce-scatter, step 0 sends our own segment.
             for c in chunks(seg(rank), chunk) {
                 let mut v = take_buf(pool, c.len());
                 v.copy_from_slice(&data[c]);
-                let _ = tx.send(Msg::Data(v));
+                tx.send(Msg::Data(v))?;
             }
             for s in 0..n - 1 {
                 let r = seg(rank + 2 * n - s - 1);
@@ -562,7 +669,7 @@ fn ring_all_reduce<T: Element>(
                         }
                         data[c].copy_from_slice(&v);
                     }
-                    let _ = tx.send(Msg::Data(v));
+                    tx.send(Msg::Data(v))?;
                 }
             }
             // All-gather.
@@ -573,7 +680,7 @@ fn ring_all_reduce<T: Element>(
                     recv_into(prev, &mut v)?;
                     data[c].copy_from_slice(&v);
                     if s < n - 2 {
-                        let _ = tx.send(Msg::Data(v));
+                        tx.send(Msg::Data(v))?;
                     }
                 }
             }
@@ -594,21 +701,23 @@ fn ring_broadcast(
 ) -> Result<(), DistError> {
     let hdr = header(links.seq, OP_BROADCAST, dtype, data.len(), root as u64);
     let forward = (rank + 1) % n != root;
+    let inline = data.len() <= INLINE_MAX_BYTES;
     ring_pass::<u8>(
         links,
         hdr,
+        inline,
         |prev, tx, pool| {
             for c in chunks(0..data.len(), CHUNK_BYTES) {
                 if rank == root {
                     let mut v = take_buf(pool, c.len());
                     v.copy_from_slice(&data[c]);
-                    let _ = tx.send(Msg::Data(v));
+                    tx.send(Msg::Data(v))?;
                 } else {
                     let mut v = take_buf(pool, c.len());
                     recv_into(prev, &mut v)?;
                     data[c].copy_from_slice(&v);
                     if forward {
-                        let _ = tx.send(Msg::Data(v));
+                        tx.send(Msg::Data(v))?;
                     }
                 }
             }
@@ -628,9 +737,11 @@ fn ring_all_gather(
 ) -> Result<(), DistError> {
     let hdr = header(links.seq, OP_ALL_GATHER, dtype, data.len(), 0);
     let block = data.len() / n;
+    let inline = block <= INLINE_MAX_BYTES;
     ring_pass::<u8>(
         links,
         hdr,
+        inline,
         |prev, tx, pool| {
             let blk = |i: usize| {
                 let i = i % n;
@@ -639,7 +750,7 @@ fn ring_all_gather(
             for c in chunks(blk(rank), CHUNK_BYTES) {
                 let mut v = take_buf(pool, c.len());
                 v.copy_from_slice(&data[c]);
-                let _ = tx.send(Msg::Data(v));
+                tx.send(Msg::Data(v))?;
             }
             for s in 0..n - 1 {
                 for c in chunks(blk(rank + 2 * n - s - 1), CHUNK_BYTES) {
@@ -647,7 +758,7 @@ fn ring_all_gather(
                     recv_into(prev, &mut v)?;
                     data[c].copy_from_slice(&v);
                     if s < n - 2 {
-                        let _ = tx.send(Msg::Data(v));
+                        tx.send(Msg::Data(v))?;
                     }
                 }
             }
@@ -655,6 +766,74 @@ fn ring_all_gather(
         },
         fail,
     )
+}
+
+/// All-reduce through cross-memory reads (all ranks on one machine): exchange buffer addresses,
+/// each rank reduces its own segment reading the peers' memory directly (one copy), a ring
+/// barrier, each rank copies the other ranks' finished segments, and a last barrier keeps every
+/// buffer alive until all reads are done.
+fn cma_all_reduce<T: Element>(
+    links: &mut Links,
+    rank: usize,
+    n: usize,
+    data: &mut [T],
+    op: ReduceOp,
+    pids: &[i32],
+    fail: &Fail<'_>,
+) -> Result<(), DistError> {
+    let size = std::mem::size_of::<T>();
+    let len = data.len();
+    let mut meta = vec![0u8; n * 16];
+    meta[rank * 16..rank * 16 + 8].copy_from_slice(&(data.as_ptr() as usize as u64).to_le_bytes());
+    meta[rank * 16 + 8..rank * 16 + 16].copy_from_slice(&(len as u64).to_le_bytes());
+    ring_all_gather(links, rank, n, &mut meta, T::DTYPE, fail)?;
+    let field = |q: usize, o: usize| {
+        meta[q * 16 + o..q * 16 + o + 8]
+            .try_into()
+            .map(u64::from_le_bytes)
+            .unwrap_or(0) as usize
+    };
+    for q in 0..n {
+        if field(q, 8) != len {
+            return Err(fail(RingError::Mismatch {
+                ours: format!("all_reduce of {len} elements"),
+                theirs: format!("all_reduce of {} elements on rank {q}", field(q, 8)),
+            }));
+        }
+    }
+    let mine = segment(len, n, rank);
+    let chunk = (CHUNK_BYTES / size).max(1);
+    let mut tmp = vec![T::zeroed(); chunk.min(mine.len())];
+    for k in 1..n {
+        let q = (rank + k) % n;
+        for c in chunks(mine.clone(), chunk) {
+            let t = &mut tmp[..c.len()];
+            crate::cma::read_remote(
+                pids[q],
+                field(q, 0) + c.start * size,
+                bytemuck::cast_slice_mut(t),
+            )
+            .map_err(|e| fail(RingError::Peer(q, e)))?;
+            T::reduce(op, &mut data[c], t);
+        }
+    }
+    if op == ReduceOp::Avg {
+        T::divide(&mut data[mine], n);
+    }
+    let mut token = [0i64];
+    ring_all_reduce(links, rank, n, &mut token, ReduceOp::Sum, fail)?;
+    for k in 1..n {
+        let q = (rank + k) % n;
+        let s = segment(len, n, q);
+        let start = s.start;
+        crate::cma::read_remote(
+            pids[q],
+            field(q, 0) + start * size,
+            bytemuck::cast_slice_mut(&mut data[s]),
+        )
+        .map_err(|e| fail(RingError::Peer(q, e)))?;
+    }
+    ring_all_reduce(links, rank, n, &mut token, ReduceOp::Sum, fail)
 }
 
 impl Communicator for Host {
@@ -673,6 +852,18 @@ impl Communicator for Host {
 
     fn all_reduce(&self, buf: HostBuf<'_>, op: ReduceOp) -> Result<()> {
         let (rank, n) = (self.rank, self.world_size);
+        if let Some(pids) = &self.cma
+            && buf.len() * buf.dtype().size() >= CMA_MIN_BYTES
+        {
+            return self.run("all_reduce", |l, fail| match buf {
+                HostBuf::F32(s) => cma_all_reduce(l, rank, n, s, op, pids, fail),
+                HostBuf::F64(s) => cma_all_reduce(l, rank, n, s, op, pids, fail),
+                HostBuf::F16(s) => cma_all_reduce(l, rank, n, s, op, pids, fail),
+                HostBuf::BF16(s) => cma_all_reduce(l, rank, n, s, op, pids, fail),
+                HostBuf::I64(s) => cma_all_reduce(l, rank, n, s, op, pids, fail),
+                HostBuf::U8(s) => cma_all_reduce(l, rank, n, s, op, pids, fail),
+            });
+        }
         self.run("all_reduce", |l, fail| match buf {
             HostBuf::F32(s) => ring_all_reduce(l, rank, n, s, op, fail),
             HostBuf::F64(s) => ring_all_reduce(l, rank, n, s, op, fail),

@@ -2,6 +2,7 @@
 //! (a TCP ring on the host, NCCL on CUDA) and gradient synchronisation.
 #![deny(missing_docs)]
 
+mod cma;
 mod comm;
 mod error;
 mod host;
@@ -21,7 +22,7 @@ mod world;
 
 pub use comm::{Communicator, CommunicatorExt, DEFAULT_TIMEOUT, DType, Element, HostBuf, ReduceOp};
 pub use error::{DistError, Result};
-pub use host::Host;
+pub use host::{CMA_ENV, Host};
 pub use launcher::{
     LaunchConfig, is_worker_env, launch, launch_or_run, should_draw_progress, visible_cuda_devices,
 };
