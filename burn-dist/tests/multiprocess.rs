@@ -59,6 +59,18 @@ fn spawn(
     timeout_s: f64,
     args: &dyn Fn(usize) -> Vec<String>,
 ) -> Job {
+    spawn_env(n, ranks, port, timeout_s, &[], args)
+}
+
+/// [`spawn`] with extra environment variables.
+fn spawn_env(
+    n: usize,
+    ranks: &[usize],
+    port: u16,
+    timeout_s: f64,
+    env: &[(&str, &str)],
+    args: &dyn Fn(usize) -> Vec<String>,
+) -> Job {
     let dir = tempfile::tempdir().expect("tempdir");
     let procs = ranks
         .iter()
@@ -67,6 +79,7 @@ fn spawn(
             let err = dir.path().join(format!("err{rank}"));
             let child = Command::new(WORKER)
                 .args(args(rank))
+                .envs(env.iter().copied())
                 .env("RANK", rank.to_string())
                 .env("WORLD_SIZE", n.to_string())
                 .env("LOCAL_RANK", rank.to_string())
@@ -121,8 +134,12 @@ fn wait(job: &mut Job, limit: Duration) -> Vec<Outcome> {
 }
 
 fn run_ok(n: usize, args: &dyn Fn(usize) -> Vec<String>) -> Vec<Outcome> {
+    run_ok_env(n, &[], args)
+}
+
+fn run_ok_env(n: usize, env: &[(&str, &str)], args: &dyn Fn(usize) -> Vec<String>) -> Vec<Outcome> {
     let ranks: Vec<usize> = (0..n).collect();
-    let mut job = spawn(n, &ranks, free_port(), 20.0, args);
+    let mut job = spawn_env(n, &ranks, free_port(), 20.0, env, args);
     let out = wait(&mut job, Duration::from_secs(120));
     for (r, o) in out.iter().enumerate() {
         assert!(
@@ -143,6 +160,26 @@ fn strings(v: &[&str]) -> Vec<String> {
 fn collectives_agree_with_reference_on_2_3_4_processes() {
     for n in [2, 3, 4] {
         let out = run_ok(n, &|_| strings(&["collectives"]));
+        let sums: Vec<&str> = out
+            .iter()
+            .map(|o| {
+                o.stdout
+                    .lines()
+                    .find(|l| l.starts_with("CHECKSUM"))
+                    .unwrap_or("none")
+            })
+            .collect();
+        assert!(
+            sums.iter().all(|s| *s == sums[0] && *s != "none"),
+            "n={n}: {sums:?}"
+        );
+    }
+}
+
+#[test]
+fn collectives_over_the_tcp_ring_without_cross_memory_reads() {
+    for n in [2, 3] {
+        let out = run_ok_env(n, &[("BURN_DIST_CMA", "0")], &|_| strings(&["collectives"]));
         let sums: Vec<&str> = out
             .iter()
             .map(|o| {
@@ -225,9 +262,18 @@ fn data_parallel_matches_single_process_with_double_batch() {
 
 #[test]
 fn killed_rank_is_named_by_every_other_rank() {
+    killed_rank_is_named(&[]);
+}
+
+#[test]
+fn killed_rank_is_named_over_the_tcp_ring() {
+    killed_rank_is_named(&[("BURN_DIST_CMA", "0")]);
+}
+
+fn killed_rank_is_named(env: &[(&str, &str)]) {
     let n = 4;
     let ranks: Vec<usize> = (0..n).collect();
-    let mut job = spawn(n, &ranks, free_port(), 10.0, &|_| {
+    let mut job = spawn_env(n, &ranks, free_port(), 10.0, env, &|_| {
         strings(&["loop", "1000000", "100000"])
     });
     let start = Instant::now();
