@@ -1,5 +1,36 @@
 //! Multi-process data-parallel training for Burn: launcher, rendezvous store, collectives
-//! (a TCP ring on the host, NCCL on CUDA) and gradient synchronisation.
+//! (a TCP ring on the host, NCCL on CUDA) and gradient synchronisation — Horovod /
+//! `torch.distributed` for Burn.
+//!
+//! # Tour
+//! - [`launch_or_run`]: call first in `main`. Started by hand with `--nproc-per-node N`, it
+//!   re-executes the binary N times with torchrun's env (`RANK`, `WORLD_SIZE`, ...) and supervises
+//!   the workers; in a worker (or a single-process run) it returns the [`World`].
+//! - [`init`]: rendezvous through rank 0's [`Store`] and connect a [`Communicator`] ([`Host`]:
+//!   TCP ring, cross-memory reads between processes of one machine; [`Nccl`] with feature `cuda`).
+//!   A world of one opens no port and every collective is a no-op, through the same code path.
+//! - [`DistributedOptimizer`]: wraps a Burn optimizer; averages gradients across ranks in
+//!   25 MiB buckets ([`GradientSync`]), in module visit order (never by `ParamId`).
+//! - [`broadcast_parameters`], [`broadcast_optimizer_state`], [`average_buffers`],
+//!   [`reduce_metrics`]: the rest of a data-parallel loop.
+//!
+//! ```no_run
+//! # use burn::tensor::backend::AutodiffBackend;
+//! # fn example() -> Result<(), burn_dist::DistError> {
+//! use burn_dist::{CommBackend, DistOptions, DistributedConfig, LaunchConfig};
+//! let world = burn_dist::launch_or_run(&LaunchConfig { nproc_per_node: Some(2), ..Default::default() })?;
+//! let dist = burn_dist::init(&world, &DistOptions { backend: CommBackend::Host, ..Default::default() })?;
+//! // model = burn_dist::broadcast_parameters(dist.comm.as_ref(), model, 0)?;
+//! // let mut opt = burn_dist::DistributedOptimizer::new(SgdConfig::new().init(), dist.comm.clone(),
+//! //     DistributedConfig::default());
+//! // per batch: model = opt.step(lr, model, GradientsParams::from_grads(loss.backward(), &model))?;
+//! // metrics: let sums = burn_dist::reduce_metrics(dist.comm.as_ref(), &[loss_sum, n, correct, n])?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Feature flags
+//! - `cuda`: the [`Nccl`] communicator and [`CollectiveBackend`] for `burn::backend::Cuda`.
+//!   Without it, [`Nccl::new`] returns [`DistError::NotCompiledWithCuda`].
 #![deny(missing_docs)]
 
 mod cma;
