@@ -14,16 +14,16 @@ use crate::cli::{InvalidArgs, TrainArgs, expand_home};
 use crate::model::ClassifierConfig;
 use crate::trainer::{RunContext, RunSummary, run};
 
-/// Flags the quickstart sets when the user did not: a small ResNet at 64 px that reaches high
+/// Flags the quickstart sets when the user did not: a small ResNet at 32 px that reaches high
 /// accuracy on the synthetic data in a few minutes on two CPU cores.
 pub const QUICKSTART: &[(&str, &str)] = &[
     ("model", "resnet18"),
-    ("image_size", "64"),
-    ("epochs", "3"),
+    ("image_size", "32"),
+    ("epochs", "5"),
     ("batch_size", "32"),
     ("val_batch_size", "100"),
-    ("base_lr", "0.1"),
-    ("warmup_epochs", "0"),
+    ("base_lr", "0.02"),
+    ("warmup_epochs", "1"),
     ("workers", "2"),
 ];
 
@@ -105,6 +105,20 @@ fn try_main<C: ClassifierConfig>(
 ) -> Result<(), TrainError> {
     let (args, quickstart) = parse_args()?;
     args.validate()?;
+    for (flag, dir) in [("train-dir", &args.train_dir), ("val-dir", &args.val_dir)] {
+        let path = expand_home(dir);
+        if let Err(error) = std::fs::read_dir(&path) {
+            return Err(InvalidArgs {
+                flag,
+                reason: format!(
+                    "cannot read the directory {}: {error}; point it at an ImageFolder \
+                     (<dir>/<class>/<image>.JPEG)",
+                    path.display()
+                ),
+            }
+            .into());
+        }
+    }
     let config = make(&args)?;
 
     let use_cuda = cfg!(feature = "cuda") && !args.no_cuda && burn_dist::visible_cuda_devices() > 0;
