@@ -61,12 +61,23 @@ pub trait Element: bytemuck::Pod + Send + Sync + std::fmt::Debug + PartialEq + '
     fn host_buf(s: &mut [Self]) -> HostBuf<'_>;
 }
 
+/// Gives a closure literal its types; the closure stays inlinable (no fn pointer per element).
+#[inline(always)]
+fn typed_add<T>(f: impl Fn(T, T) -> T) -> impl Fn(T, T) -> T {
+    f
+}
+
+#[inline(always)]
+fn typed_div<T>(f: impl Fn(T, usize) -> T) -> impl Fn(T, usize) -> T {
+    f
+}
+
 macro_rules! native_element {
     ($t:ty, $d:expr, $var:ident, $add:expr, $div:expr) => {
         impl Element for $t {
             const DTYPE: DType = $d;
             fn reduce(op: ReduceOp, acc: &mut [Self], other: &[Self]) {
-                let add: fn($t, $t) -> $t = $add;
+                let add = typed_add::<$t>($add);
                 match op {
                     ReduceOp::Sum | ReduceOp::Avg => acc
                         .iter_mut()
@@ -85,7 +96,7 @@ macro_rules! native_element {
                 }
             }
             fn divide(acc: &mut [Self], n: usize) {
-                let div: fn($t, usize) -> $t = $div;
+                let div = typed_div::<$t>($div);
                 acc.iter_mut().for_each(|a| *a = div(*a, n));
             }
             fn host_buf(s: &mut [Self]) -> HostBuf<'_> {

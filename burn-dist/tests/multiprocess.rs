@@ -423,3 +423,60 @@ fn launcher_runs_workers_with_prefixed_output() {
         "{stdout}"
     );
 }
+
+fn line_floats(o: &Outcome, label: &str) -> Vec<f32> {
+    let prefix = format!("{label} ");
+    let line = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no {label} in {}\n{}", o.stdout, o.stderr));
+    line[prefix.len()..]
+        .split(',')
+        .map(|v| v.parse().expect("float"))
+        .collect()
+}
+
+#[test]
+fn parameters_buffers_and_optimizer_state_are_broadcast_and_buffers_averaged() {
+    let n = 3;
+    let out = run_ok(n, &|_| strings(&["state"]));
+    let bcast: Vec<Vec<f32>> = out.iter().map(|o| line_floats(o, "AFTER_BCAST")).collect();
+    assert!(
+        bcast.iter().all(|b| *b == bcast[0]),
+        "parameters and BN buffers equal rank 0's after broadcast"
+    );
+    let stepped: Vec<Vec<f32>> = out
+        .iter()
+        .map(|o| line_floats(o, "AFTER_STATE_STEP"))
+        .collect();
+    assert!(
+        stepped.iter().all(|s| *s == stepped[0]),
+        "momentum state equal after broadcast_optimizer_state"
+    );
+    let before: Vec<Vec<f32>> = out
+        .iter()
+        .map(|o| line_floats(o, "BUFFERS_BEFORE"))
+        .collect();
+    assert!(
+        before[0] != before[1],
+        "buffers must differ before averaging (test precondition)"
+    );
+    let after: Vec<Vec<f32>> = out
+        .iter()
+        .map(|o| line_floats(o, "BUFFERS_AFTER"))
+        .collect();
+    assert!(after.iter().all(|a| *a == after[0]));
+    let mean: Vec<f32> = (0..before[0].len())
+        .map(|i| before.iter().map(|b| b[i]).sum::<f32>() / n as f32)
+        .collect();
+    assert_close(&after[0], &mean, 1e-6, 1e-7, "average_buffers");
+    // Negative control: without the state broadcast, the identical step gives different results.
+    let out = run_ok_env(2, &[("SKIP_STATE_BROADCAST", "1")], &|_| {
+        strings(&["state"])
+    });
+    assert_ne!(
+        line_floats(&out[0], "AFTER_STATE_STEP"),
+        line_floats(&out[1], "AFTER_STATE_STEP")
+    );
+}

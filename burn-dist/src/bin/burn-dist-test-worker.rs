@@ -35,6 +35,7 @@ fn main() -> ExitCode {
             burn_dist::init(&World::from_env().unwrap(), &options()).map(|_| println!("INIT OK"))
         }
         "launch" => launch(&args[2..]),
+        "state" => state(),
         _ => {
             eprintln!("unknown mode {mode:?}");
             return ExitCode::from(2);
@@ -273,6 +274,98 @@ fn train(args: &[String]) -> burn_dist::Result<()> {
     model.visit(&mut dump);
     let text: Vec<String> = dump.0.iter().map(|v| format!("{v:e}")).collect();
     println!("PARAMS {}", text.join(","));
+    Ok(())
+}
+
+#[derive(Module, Debug)]
+struct BnNet<B: Backend> {
+    fc: Linear<B>,
+    bn: burn::nn::BatchNorm<B>,
+}
+
+impl<B: Backend> BnNet<B> {
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let [n, _] = x.dims();
+        self.bn
+            .forward(self.fc.forward(x).reshape([n, 4, 1]))
+            .reshape([n, 4])
+    }
+}
+
+struct Buffers(Vec<f32>);
+impl<BB: Backend> ModuleVisitor<BB> for Buffers {
+    fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<BB, D>>) {
+        let t = p.val();
+        if !t.is_require_grad() {
+            self.0
+                .extend(t.into_data().convert::<f32>().to_vec::<f32>().unwrap());
+        }
+    }
+}
+
+fn floats(label: &str, v: &[f32]) {
+    let text: Vec<String> = v.iter().map(|x| format!("{x:e}")).collect();
+    println!("{label} {}", text.join(","));
+}
+
+/// Broadcast of parameters and buffers, optimizer state broadcast, buffer averaging.
+fn state() -> burn_dist::Result<()> {
+    use burn::optim::Optimizer;
+    let dist = burn_dist::init(&World::from_env()?, &options())?;
+    let comm = dist.comm.as_ref();
+    let rank = dist.rank();
+    let device = Default::default();
+    TB::seed(&device, 100 + rank as u64);
+    let model = BnNet::<TB> {
+        fc: LinearConfig::new(8, 4).init(&device),
+        bn: burn::nn::BatchNormConfig::new(4).init(&device),
+    };
+    // Make rank-specific running statistics, then broadcast rank 0's parameters and buffers.
+    let (x, _) = batch(rank, rank * 8..rank * 8 + 8, &device);
+    let _ = model.forward(x);
+    let model = burn_dist::broadcast_parameters(comm, model, 0)?;
+    let mut all = Dump(Vec::new());
+    model.visit(&mut all);
+    floats("AFTER_BCAST", &all.0);
+    // Rank-local optimizer steps (momentum state differs per rank), then broadcast rank 0's state.
+    let mut opt = SgdConfig::new()
+        .with_momentum(Some(burn::optim::momentum::MomentumConfig::new()))
+        .init::<TB, BnNet<TB>>();
+    let mut model = model;
+    for step in 0..2 {
+        let (x, y) = batch(step + 10 * rank, rank * 8..rank * 8 + 8, &device);
+        let loss = (model.forward(x) - y).powf_scalar(2.0).mean();
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = opt.step(0.1, model, grads);
+    }
+    // Parameters and momentum diverged; re-broadcast both from rank 0, then one identical step:
+    // ranks agree afterwards only if the momentum state really was replaced by rank 0's.
+    let model = burn_dist::broadcast_parameters(comm, model, 0)?;
+    // SKIP_STATE_BROADCAST=1: negative control for the test.
+    let mut opt = if std::env::var_os("SKIP_STATE_BROADCAST").is_some() {
+        opt
+    } else {
+        burn_dist::broadcast_optimizer_state::<_, BnNet<TB>, TB>(comm, opt, 0, &device)?
+    };
+    let (x, y) = batch(99, 0..8, &device);
+    let loss = (model.forward(x) - y).powf_scalar(2.0).mean();
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    let model = opt.step(0.1, model, grads);
+    let mut trained = Dump(Vec::new());
+    model.visit(&mut trained);
+    floats("AFTER_STATE_STEP", &trained.0);
+    // Rank-local forward passes make the buffers diverge; average them.
+    let (x, _) = batch(7 + rank, rank * 8..rank * 8 + 8, &device);
+    let _ = model.forward(x);
+    let mut before = Buffers(Vec::new());
+    let _ = model.clone().into_record(); // syncs running states shared with `model`
+    model.visit(&mut before);
+    floats("BUFFERS_BEFORE", &before.0);
+    let model = burn_dist::average_buffers(comm, model)?;
+    let mut after = Buffers(Vec::new());
+    let _ = model.clone().into_record();
+    model.visit(&mut after);
+    floats("BUFFERS_AFTER", &after.0);
     Ok(())
 }
 
