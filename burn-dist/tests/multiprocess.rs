@@ -480,3 +480,54 @@ fn parameters_buffers_and_optimizer_state_are_broadcast_and_buffers_averaged() {
         line_floats(&out[1], "AFTER_STATE_STEP")
     );
 }
+
+#[test]
+fn launcher_forwards_sigterm_and_stops_all_ranks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_path = dir.path().join("out");
+    let err_path = dir.path().join("err");
+    let mut launcher = Command::new(WORKER)
+        .args(["launch", "3", "99"]) // no rank fails; all would sleep 60 s
+        .stdout(Stdio::from(File::create(&out_path).expect("out")))
+        .stderr(Stdio::from(File::create(&err_path).expect("err")))
+        .spawn()
+        .expect("launcher");
+        procs: Vec::new(),
+        _dir: tempfile::tempdir().expect("tempdir"),
+    };
+    let start = Instant::now();
+    while read(&out_path)
+        .lines()
+        .filter(|l| l.contains("worker "))
+        .count()
+        < 3
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "workers did not start: {}",
+            read(&err_path)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on the pid of our own, not yet reaped, child.
+    unsafe {
+        libc::kill(launcher.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let sent = Instant::now();
+    let status = loop {
+        if let Some(s) = launcher.try_wait().expect("try_wait") {
+            break s;
+        }
+        if sent.elapsed() > Duration::from_secs(20) {
+            let _ = launcher.kill();
+            panic!("launcher did not stop within 20 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    assert!(
+        read(&err_path).contains("interrupted by signal 15"),
+        "{}",
+        read(&err_path)
+    );
+}
