@@ -492,9 +492,6 @@ fn launcher_forwards_sigterm_and_stops_all_ranks() {
         .stderr(Stdio::from(File::create(&err_path).expect("err")))
         .spawn()
         .expect("launcher");
-        procs: Vec::new(),
-        _dir: tempfile::tempdir().expect("tempdir"),
-    };
     let start = Instant::now();
     while read(&out_path)
         .lines()
