@@ -172,7 +172,7 @@ pub fn generate(
 /// Marker written after [`generate_imagenet_like`]'s last image.
 pub const IMAGENET_LIKE_MARKER: &str = ".imagenet-like-complete";
 
-/// Writes `n` ImageNet-like JPEGs for benchmarks: 10 class folders (`n0000000k`), files
+/// Writes `n` ImageNet-like JPEGs for benchmarks: `min(n, 10)` class folders (`n0000000k`), files
 /// `img_XXXXXX.JPEG`, four in five 500×375 and one in five 375×500, quality 90, with smooth
 /// regions, edges, mid-frequency texture and noise so they compress roughly like photos.
 /// Deterministic from `seed`. Returns `false` (and writes nothing) when a complete set of the
@@ -198,7 +198,7 @@ pub fn generate_imagenet_like(
     if root.exists() {
         std::fs::remove_dir_all(root).map_err(write_err(root))?;
     }
-    let classes = 10;
+    let classes = n.clamp(1, 10);
     for k in 0..classes {
         let dir = root.join(format!("n{k:08}"));
         std::fs::create_dir_all(&dir).map_err(write_err(&dir))?;

@@ -104,3 +104,16 @@ fn classes_are_separable_by_mean_colour() {
         val.len()
     );
 }
+
+#[test]
+fn imagenet_like_benchmark_set() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("bench");
+    assert!(data::synthetic::generate_imagenet_like(&root, 5, 1).expect("generate"));
+    let f = ImageFolder::new(&root).expect("scan");
+    assert_eq!(f.len(), 5);
+    let img = decode_file(&f.samples()[0].path).expect("decode");
+    assert_eq!(img.dimensions(), (500, 375));
+    // Second call: already complete, nothing written.
+    assert!(!data::synthetic::generate_imagenet_like(&root, 5, 1).expect("generate"));
+}
