@@ -515,3 +515,33 @@ impl Communicator for Nccl {
         self.all_reduce(HostBuf::I64(&mut one), ReduceOp::Sum)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_libraries_are_reported_not_panicked() {
+        // Never panics, with or without a driver.
+        let _ = cuda_device_count();
+        if Nccl::is_available() {
+            return;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("port");
+        let world = World {
+            master_port: port,
+            ..World::single()
+        };
+        let store = Store::connect(&world, Duration::from_secs(2)).expect("store");
+        match Nccl::new(&world, &store, 0, Duration::from_secs(2)) {
+            Err(DistError::LibraryMissing { tried, hint, .. }) => {
+                assert!(!tried.is_empty());
+                assert!(!hint.is_empty());
+            }
+            other => panic!("expected LibraryMissing, got {other:?}"),
+        }
+    }
+}
