@@ -22,6 +22,24 @@ const FAILURE_KEY: &str = "burn-dist/host/failure";
 const STORE_LINGER: Duration = Duration::from_secs(2);
 /// Bytes per cross-memory read in the reduce phase (stays in L2 with the local chunk).
 const CMA_CHUNK_BYTES: usize = 256 << 10;
+/// Messages from this size on split cross-memory copies over [`Host`]'s copy threads.
+const CMA_THREADED_BYTES: usize = 4 << 20;
+/// Copy threads per rank for large same-machine all-reduces (default: cores / local ranks, at most 8).
+pub const THREADS_ENV: &str = "BURN_DIST_HOST_THREADS";
+
+fn copy_threads(local_world_size: usize) -> usize {
+    std::env::var(THREADS_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism()
+                .map(|c| c.get())
+                .unwrap_or(1);
+            cores / local_world_size.max(1)
+        })
+        .clamp(1, 8)
+}
+
 /// Largest per-step message sent from the calling thread (no sender thread): small enough that
 /// the n-1 steps a rank may run ahead always fit in the socket buffers.
 const INLINE_MAX_BYTES: usize = 16 << 10;
@@ -54,6 +72,8 @@ pub struct Host {
     links: Option<Mutex<Links>>,
     /// Process ids of all ranks when every rank is on this machine and cross-memory reads work.
     cma: Option<Vec<i32>>,
+    /// Copy threads per rank for large cross-memory all-reduces.
+    threads: usize,
 }
 
 impl std::fmt::Debug for Host {
@@ -106,6 +126,7 @@ impl Host {
             store: None,
             links: None,
             cma: None,
+            threads: 1,
         }
     }
 
@@ -127,6 +148,7 @@ impl Host {
                 store: Some(store),
                 links: None,
                 cma: None,
+                threads: 1,
             });
         }
         let ip = store
@@ -200,6 +222,7 @@ impl Host {
                 broken: None,
             })),
             cma: None,
+            threads: copy_threads(world.local_world_size),
         };
         host.barrier()?;
         let mut host = host;
@@ -780,7 +803,7 @@ fn cma_all_reduce<T: Element>(
     n: usize,
     data: &mut [T],
     op: ReduceOp,
-    pids: &[i32],
+    (pids, threads): (&[i32], usize),
     fail: &Fail<'_>,
 ) -> Result<(), DistError> {
     let size = std::mem::size_of::<T>();
@@ -803,39 +826,107 @@ fn cma_all_reduce<T: Element>(
             }));
         }
     }
+    let addr: Vec<usize> = (0..n).map(|q| field(q, 0)).collect();
+    let threads = threads.max(1);
     let mine = segment(len, n, rank);
-    let chunk = (CMA_CHUNK_BYTES / size).max(1);
-    let mut tmp = vec![T::zeroed(); chunk.min(mine.len())];
-    for k in 1..n {
-        let q = (rank + k) % n;
-        for c in chunks(mine.clone(), chunk) {
-            let t = &mut tmp[..c.len()];
-            crate::cma::read_remote(
-                pids[q],
-                field(q, 0) + c.start * size,
-                bytemuck::cast_slice_mut(t),
-            )
-            .map_err(|e| fail(RingError::Peer(q, e)))?;
-            T::reduce(op, &mut data[c], t);
+    // Phase 1: reduce our own segment, reading each peer's copy of it (split among threads).
+    let per = mine.len().div_ceil(threads).max(1);
+    let parts: Vec<(usize, &mut [T])> = data[mine.clone()]
+        .chunks_mut(per)
+        .enumerate()
+        .map(|(i, p)| (mine.start + i * per, p))
+        .collect();
+    let reduce_part = |base: usize, part: &mut [T]| -> Result<(), DistError> {
+        let chunk = (CMA_CHUNK_BYTES / size).max(1);
+        let mut tmp = vec![T::zeroed(); chunk.min(part.len())];
+        for k in 1..n {
+            let q = (rank + k) % n;
+            for (i, dst) in part.chunks_mut(chunk).enumerate() {
+                let t = &mut tmp[..dst.len()];
+                let at = addr[q] + (base + i * chunk) * size;
+                crate::cma::read_remote(pids[q], at, bytemuck::cast_slice_mut(t))
+                    .map_err(|e| fail(RingError::Peer(q, e)))?;
+                T::reduce(op, dst, t);
+                if op == ReduceOp::Avg && k == n - 1 {
+                    T::divide(dst, n);
+                }
+            }
         }
-    }
-    if op == ReduceOp::Avg {
-        T::divide(&mut data[mine], n);
-    }
+        Ok(())
+    };
+    in_parallel(parts.into_iter().map(|p| vec![p]).collect(), &reduce_part)?;
     let mut token = [0i64];
     ring_all_reduce(links, rank, n, &mut token, ReduceOp::Sum, fail)?;
-    for k in 1..n {
-        let q = (rank + k) % n;
+    // Phase 2: copy the other ranks' finished segments (pieces spread over the threads).
+    let mut groups: Vec<Vec<(usize, &mut [T])>> = (0..threads).map(|_| Vec::new()).collect();
+    let mut rest: &mut [T] = data;
+    let mut next_group = 0;
+    for q in 0..n {
         let s = segment(len, n, q);
-        let start = s.start;
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(s.len());
+        rest = tail;
+        if q == rank {
+            continue;
+        }
+        let per = head.len().div_ceil(threads).max(1);
+        for (i, piece) in head.chunks_mut(per).enumerate() {
+            groups[next_group % threads].push((s.start + i * per, piece));
+            next_group += 1;
+        }
+    }
+    let owner = |start: usize| {
+        (0..n)
+            .find(|q| segment(len, n, *q).contains(&start))
+            .unwrap_or(0)
+    };
+    let copy_piece = |start: usize, piece: &mut [T]| -> Result<(), DistError> {
+        let q = owner(start);
         crate::cma::read_remote(
             pids[q],
-            field(q, 0) + start * size,
-            bytemuck::cast_slice_mut(&mut data[s]),
+            addr[q] + start * size,
+            bytemuck::cast_slice_mut(piece),
         )
-        .map_err(|e| fail(RingError::Peer(q, e)))?;
-    }
+        .map_err(|e| fail(RingError::Peer(q, e)))
+    };
+    in_parallel(groups, &copy_piece)?;
     ring_all_reduce(links, rank, n, &mut token, ReduceOp::Sum, fail)
+}
+
+/// Work on one `(offset, slice)` piece of a buffer.
+type PartWork<'a, T> = dyn Fn(usize, &mut [T]) -> Result<(), DistError> + Sync + 'a;
+
+/// Runs `work` on every `(offset, slice)` of each group, one group per thread (the first on the
+/// calling thread); returns the first error.
+fn in_parallel<T: Send>(
+    groups: Vec<Vec<(usize, &mut [T])>>,
+    work: &PartWork<'_, T>,
+) -> Result<(), DistError> {
+    let run = |group: Vec<(usize, &mut [T])>| -> Result<(), DistError> {
+        for (start, slice) in group {
+            work(start, slice)?;
+        }
+        Ok(())
+    };
+    let mut groups = groups.into_iter().filter(|g| !g.is_empty());
+    let Some(first) = groups.next() else {
+        return Ok(());
+    };
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = groups.map(|g| scope.spawn(move || run(g))).collect();
+        let mut result = run(first);
+        for h in handles {
+            let r = h.join().unwrap_or_else(|_| {
+                Err(DistError::InvalidBuffer {
+                    op: "all_reduce",
+                    detail: "a copy thread panicked".into(),
+                })
+            });
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        result
+    })
 }
 
 impl Communicator for Host {
@@ -857,13 +948,18 @@ impl Communicator for Host {
         if let Some(pids) = &self.cma
             && buf.len() * buf.dtype().size() >= CMA_MIN_BYTES
         {
+            let threads = if buf.len() * buf.dtype().size() >= CMA_THREADED_BYTES {
+                self.threads
+            } else {
+                1
+            };
             return self.run("all_reduce", |l, fail| match buf {
-                HostBuf::F32(s) => cma_all_reduce(l, rank, n, s, op, pids, fail),
-                HostBuf::F64(s) => cma_all_reduce(l, rank, n, s, op, pids, fail),
-                HostBuf::F16(s) => cma_all_reduce(l, rank, n, s, op, pids, fail),
-                HostBuf::BF16(s) => cma_all_reduce(l, rank, n, s, op, pids, fail),
-                HostBuf::I64(s) => cma_all_reduce(l, rank, n, s, op, pids, fail),
-                HostBuf::U8(s) => cma_all_reduce(l, rank, n, s, op, pids, fail),
+                HostBuf::F32(s) => cma_all_reduce(l, rank, n, s, op, (pids, threads), fail),
+                HostBuf::F64(s) => cma_all_reduce(l, rank, n, s, op, (pids, threads), fail),
+                HostBuf::F16(s) => cma_all_reduce(l, rank, n, s, op, (pids, threads), fail),
+                HostBuf::BF16(s) => cma_all_reduce(l, rank, n, s, op, (pids, threads), fail),
+                HostBuf::I64(s) => cma_all_reduce(l, rank, n, s, op, (pids, threads), fail),
+                HostBuf::U8(s) => cma_all_reduce(l, rank, n, s, op, (pids, threads), fail),
             });
         }
         self.run("all_reduce", |l, fail| match buf {

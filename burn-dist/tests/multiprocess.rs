@@ -177,6 +177,28 @@ fn collectives_agree_with_reference_on_2_3_4_processes() {
 }
 
 #[test]
+fn collectives_with_several_copy_threads_per_rank() {
+    for n in [2, 3] {
+        let out = run_ok_env(n, &[("BURN_DIST_HOST_THREADS", "3")], &|_| {
+            strings(&["collectives"])
+        });
+        let sums: Vec<&str> = out
+            .iter()
+            .map(|o| {
+                o.stdout
+                    .lines()
+                    .find(|l| l.starts_with("CHECKSUM"))
+                    .unwrap_or("none")
+            })
+            .collect();
+        assert!(
+            sums.iter().all(|s| *s == sums[0] && *s != "none"),
+            "n={n}: {sums:?}"
+        );
+    }
+}
+
+#[test]
 fn collectives_over_the_tcp_ring_without_cross_memory_reads() {
     for n in [2, 3] {
         let out = run_ok_env(n, &[("BURN_DIST_CMA", "0")], &|_| strings(&["collectives"]));
