@@ -63,21 +63,39 @@ fn run() -> Result<()> {
         "nccl" => CommBackend::Nccl,
         other => bail!("unknown --backend {other:?}: expected host or nccl"),
     };
-    let launch = LaunchConfig { nproc_per_node: Some(args.nproc), master_port: args.master_port, ..LaunchConfig::default() };
+    let launch = LaunchConfig {
+        nproc_per_node: Some(args.nproc),
+        master_port: args.master_port,
+        ..LaunchConfig::default()
+    };
     let world = burn_dist::launch_or_run(&launch).context("launching the benchmark workers")?;
-    let dist = burn_dist::init(&world, &DistOptions { backend, ..DistOptions::default() }).context("joining the job")?;
+    let dist = burn_dist::init(
+        &world,
+        &DistOptions {
+            backend,
+            ..DistOptions::default()
+        },
+    )
+    .context("joining the job")?;
     let comm = dist.comm.as_ref();
     let n = comm.world_size();
     let rank = comm.rank();
     if rank == 0 && !args.json {
-        println!("# burn-dist all_reduce: backend {}, {n} processes, in-place f32 sum", comm.backend_name());
-        println!("# {:>12} {:>12} {:>6} {:>12} {:>12} {:>12} {:>8}", "size(B)", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+        println!(
+            "# burn-dist all_reduce: backend {}, {n} processes, in-place f32 sum",
+            comm.backend_name()
+        );
+        println!(
+            "# {:>12} {:>12} {:>6} {:>12} {:>12} {:>12} {:>8}",
+            "size(B)", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
+        );
     }
     let mut bytes = args.min_bytes.max(4);
     while bytes <= args.max_bytes {
         let count = bytes / 4;
         let mut buf: Vec<f32> = (0..count).map(|i| pattern(rank, i) * 1e-3).collect();
-        let iters = (((2usize << 30) / bytes.max(1)).clamp(5, args.iters.max(5))).min(args.iters.max(1));
+        let iters =
+            (((2usize << 30) / bytes.max(1)).clamp(5, args.iters.max(5))).min(args.iters.max(1));
         for _ in 0..args.warmup {
             comm.all_reduce(HostBuf::F32(&mut buf), ReduceOp::Sum)?;
         }
@@ -92,7 +110,11 @@ fn run() -> Result<()> {
         let mut check: Vec<f32> = (0..count).map(|i| pattern(rank, i)).collect();
         comm.all_reduce(HostBuf::F32(&mut check), ReduceOp::Sum)?;
         let ranks_sum = (n * (n + 1) / 2) as f32;
-        let wrong = check.iter().enumerate().filter(|(i, v)| **v != ((i % 13) as f32 + 1.0) * ranks_sum).count();
+        let wrong = check
+            .iter()
+            .enumerate()
+            .filter(|(i, v)| **v != ((i % 13) as f32 + 1.0) * ranks_sum)
+            .count();
         let mut wrong_all = [wrong as i64];
         comm.all_reduce(HostBuf::I64(&mut wrong_all), ReduceOp::Sum)?;
         let t = secs[0];
@@ -109,7 +131,13 @@ fn run() -> Result<()> {
             } else {
                 println!(
                     "  {:>12} {:>12} {:>6} {:>12.1} {:>12.3} {:>12.3} {:>8}",
-                    bytes, count, "float", t * 1e6, algbw, busbw, wrong_all[0]
+                    bytes,
+                    count,
+                    "float",
+                    t * 1e6,
+                    algbw,
+                    busbw,
+                    wrong_all[0]
                 );
             }
         }
