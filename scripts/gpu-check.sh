@@ -20,9 +20,11 @@ stage() {
     cargo build --release -p train -p benches --bins
     local target="${CARGO_TARGET_DIR:-target}/release"
     rm -rf "$STAGE" && mkdir -p "$STAGE"
+    # Stripped, each is ~37 MiB; xz brings it to ~6 MiB, so all four fit the 64 MiB carry.
     for bin in train allreduce train_step gpu_numerics; do
         cp "$target/$bin" "$STAGE/$bin"
         strip "$STAGE/$bin"
+        xz -T2 -6 -f "$STAGE/$bin"
     done
     cp benches/compare_train_step.py "$STAGE/" 2>/dev/null || true
     local size
@@ -55,9 +57,19 @@ run_checks() {
         echo "gpu-check: no NVIDIA GPU on this machine: skipped the device checks (nothing failed)"
         return 0
     fi
-    local out="${OUT:-$(mktemp -d)}" libs
+    local out="${OUT:-$(mktemp -d)}" libs bin
     libs=$(mktemp -d)
+    bin=$(mktemp -d)
     exec > >(tee "$out/gpu-check.log") 2>&1
+    for packed in "$STAGE"/*.xz; do
+        if command -v xz >/dev/null; then
+            xz -dc "$packed" > "$bin/$(basename "$packed" .xz)"
+        else
+            python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' \
+                "$packed" > "$bin/$(basename "$packed" .xz)"
+        fi
+        chmod +x "$bin/$(basename "$packed" .xz)"
+    done
     nvidia-smi
     link_library nccl "$libs" || true
     link_library nvrtc "$libs" || true
@@ -67,14 +79,14 @@ run_checks() {
     echo "|---|---|" >> "$table"
 
     echo "== numerics: ResNet-18 on CUDA vs Flex (logits, gradients, one SGD step)"
-    if "$STAGE/gpu_numerics" --json > "$out/numerics.json"; then
+    if "$bin/gpu_numerics" --json > "$out/numerics.json"; then
         echo "| CUDA vs CPU numerics | pass: $(cat "$out/numerics.json") |" >> "$table"
     else
         echo "| CUDA vs CPU numerics | FAIL (see log) |" >> "$table"; status=1
     fi
 
     echo "== NCCL from raw device pointers, world size 1 (all-reduce sweep, contents checked)"
-    if "$STAGE/allreduce" --nproc 1 --backend nccl --max-bytes $((64 * 1024 * 1024)) > "$out/allreduce.txt"; then
+    if "$bin/allreduce" --nproc 1 --backend nccl --max-bytes $((64 * 1024 * 1024)) > "$out/allreduce.txt"; then
         echo "| NCCL allreduce (1 GPU) | pass, see allreduce.txt |" >> "$table"
     else
         echo "| NCCL allreduce (1 GPU) | FAIL |" >> "$table"; status=1
@@ -83,7 +95,7 @@ run_checks() {
 
     echo "== ResNet-50 train step img/s, ours (fp32) vs PyTorch (fp32, bf16 autocast, channels_last)"
     for batch in 32 64 128; do
-        ours=$("$STAGE/train_step" --backend cuda --model resnet50 --batch "$batch" --steps 10 --warmup 3 --json 2>>"$out/train_step.err" | tail -1 || echo '{}')
+        ours=$("$bin/train_step" --backend cuda --model resnet50 --batch "$batch" --steps 10 --warmup 3 --json 2>>"$out/train_step.err" | tail -1 || echo '{}')
         theirs=$(python3 - "$batch" <<'PY' 2>>"$out/torch.err" || echo "torch failed"
 import sys, time, torch, torchvision
 b = int(sys.argv[1]); torch.backends.cudnn.benchmark = True
@@ -107,7 +119,7 @@ PY
     done
 
     echo "== train with the data pipeline (synthetic data, 20 steps)"
-    if "$STAGE/train" --model resnet50 --image-size 224 --batch-size 64 --epochs 1 --max-steps-per-epoch 20 \
+    if "$bin/train" --model resnet50 --image-size 224 --batch-size 64 --epochs 1 --max-steps-per-epoch 20 \
         --log-dir "$out/logs" --checkpoint-format "$out/ckpt-{epoch}.ckpt" --workers 12 > "$out/train.txt" 2>&1; then
         echo "| train (data included), batch 64 | $(grep '^epoch 1' "$out/train.txt" | tail -1) |" >> "$table"
     else
