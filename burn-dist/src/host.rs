@@ -22,6 +22,9 @@ const FAILURE_KEY: &str = "burn-dist/host/failure";
 const STORE_LINGER: Duration = Duration::from_secs(2);
 /// Bytes per cross-memory read in the reduce phase (stays in L2 with the local chunk).
 const CMA_CHUNK_BYTES: usize = 256 << 10;
+/// IP address this rank advertises for its ring connections (default: the local address of its
+/// connection to rank 0's store).
+pub const ADDR_ENV: &str = "BURN_DIST_ADDR";
 /// Messages from this size on split cross-memory copies over [`Host`]'s copy threads.
 const CMA_THREADED_BYTES: usize = 4 << 20;
 /// Copy threads per rank for large same-machine all-reduces (default: cores / local ranks, at most 8).
@@ -151,9 +154,18 @@ impl Host {
                 threads: 1,
             });
         }
-        let ip = store
-            .local_ip()
-            .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
+        // The interface that reaches rank 0 is the one peers can reach us on, unless overridden
+        // (e.g. when a hostname resolves to 127.0.1.1 on a multi-node job).
+        let ip = match std::env::var(ADDR_ENV) {
+            Ok(a) => a.trim().parse().map_err(|_| DistError::InvalidEnv {
+                var: ADDR_ENV.to_string(),
+                value: a.clone(),
+                reason: "expected an IP address of this host that the other ranks can reach".into(),
+            })?,
+            Err(_) => store
+                .local_ip()
+                .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1])),
+        };
         let listener = TcpListener::bind(SocketAddr::new(ip, 0))
             .map_err(|e| io_err(rank, "binding the ring port", &ip.to_string(), e))?;
         let me = listener

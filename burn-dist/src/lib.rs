@@ -53,7 +53,7 @@ mod world;
 
 pub use comm::{Communicator, CommunicatorExt, DEFAULT_TIMEOUT, DType, Element, HostBuf, ReduceOp};
 pub use error::{DistError, Result};
-pub use host::{CMA_ENV, Host, THREADS_ENV};
+pub use host::{ADDR_ENV, CMA_ENV, Host, THREADS_ENV};
 pub use launcher::{
     LaunchConfig, is_worker_env, launch, launch_or_run, should_draw_progress, visible_cuda_devices,
 };
