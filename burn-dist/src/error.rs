@@ -128,6 +128,21 @@ pub enum DistError {
         /// The deadline.
         deadline: Duration,
     },
+    /// An NCCL operation did not complete before its deadline; the communicator was aborted.
+    #[error(
+        "{op} on rank {rank} did not complete within {}s and the NCCL communicator was aborted; NCCL does not \
+         say which rank is missing: look for a rank that died, hung or runs a different collective \
+         (NCCL_DEBUG=INFO helps)",
+        deadline.as_secs_f64()
+    )]
+    NcclTimeout {
+        /// The operation.
+        op: &'static str,
+        /// This rank.
+        rank: usize,
+        /// The deadline.
+        deadline: Duration,
+    },
     /// Ranks called different collectives, or with different sizes/types.
     #[error(
         "collective mismatch on rank {rank}: this rank runs {ours}, rank {peer} runs {theirs}; every rank must issue the same collectives in the same order"

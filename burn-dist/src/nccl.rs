@@ -164,10 +164,9 @@ impl Nccl {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(e),
             Err(_) => {
-                return Err(DistError::Timeout {
+                return Err(DistError::NcclTimeout {
                     op: "ncclCommInitRank",
                     rank,
-                    peer: 0,
                     deadline: timeout,
                 });
             }
@@ -200,10 +199,9 @@ impl Nccl {
         // The NCCL thread enforces the deadline itself (and aborts); this is a backstop.
         match reply_rx.recv_timeout(self.timeout + Duration::from_secs(30)) {
             Ok(r) => r,
-            Err(_) => Err(DistError::Timeout {
+            Err(_) => Err(DistError::NcclTimeout {
                 op,
                 rank: self.rank,
-                peer: (self.rank + 1) % self.world_size,
                 deadline: self.timeout,
             }),
         }
@@ -252,10 +250,9 @@ impl Worker {
             }
             if start.elapsed() > self.timeout {
                 self.abort();
-                return Err(DistError::Timeout {
+                return Err(DistError::NcclTimeout {
                     op,
                     rank: self.rank,
-                    peer: (self.rank + 1) % self.world_size,
                     deadline: self.timeout,
                 });
             }
