@@ -550,3 +550,17 @@ fn launcher_forwards_sigterm_and_stops_all_ranks() {
         read(&err_path)
     );
 }
+
+#[test]
+fn parameters_without_a_gradient_on_some_ranks_contribute_zeros() {
+    let out = run_ok(3, &|_| strings(&["unused"]));
+    let p: Vec<Vec<f32>> = out.iter().map(params).collect();
+    assert!(p.iter().all(|x| *x == p[0]), "ranks must agree");
+    for o in &out {
+        assert!(
+            o.stdout.contains("HEAD_CHANGED true"),
+            "the head gets rank 0's averaged gradient everywhere: {}",
+            o.stdout
+        );
+    }
+}

@@ -36,6 +36,7 @@ fn main() -> ExitCode {
         }
         "launch" => launch(&args[2..]),
         "state" => state(),
+        "unused" => unused(),
         _ => {
             eprintln!("unknown mode {mode:?}");
             return ExitCode::from(2);
@@ -366,6 +367,46 @@ fn state() -> burn_dist::Result<()> {
     let _ = model.clone().into_record();
     model.visit(&mut after);
     floats("BUFFERS_AFTER", &after.0);
+    Ok(())
+}
+
+#[derive(Module, Debug)]
+struct TwoHeads<B: Backend> {
+    body: Linear<B>,
+    head: Linear<B>,
+}
+
+/// Rank 0 uses `head`, the others do not (no gradient): they must contribute zeros, not hang.
+fn unused() -> burn_dist::Result<()> {
+    let dist = burn_dist::init(&World::from_env()?, &options())?;
+    let device = Default::default();
+    TB::seed(&device, 7);
+    let model = TwoHeads::<TB> {
+        body: LinearConfig::new(8, 4).init(&device),
+        head: LinearConfig::new(4, 4).init(&device),
+    };
+    let model = burn_dist::broadcast_parameters(dist.comm.as_ref(), model, 0)?;
+    let mut before = Dump(Vec::new());
+    model.head.visit(&mut before);
+    let mut opt = DistributedOptimizer::new(
+        SgdConfig::new().init(),
+        dist.comm.clone(),
+        DistributedConfig::default(),
+    );
+    let (x, y) = batch(dist.rank(), 0..8, &device);
+    let mut out = model.body.forward(x);
+    if dist.rank() == 0 {
+        out = model.head.forward(out);
+    }
+    let loss = (out - y).powf_scalar(2.0).mean();
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    let model = opt.step(0.1, model, grads)?;
+    let mut all = Dump(Vec::new());
+    model.visit(&mut all);
+    floats("PARAMS", &all.0);
+    let mut after = Dump(Vec::new());
+    model.head.visit(&mut after);
+    println!("HEAD_CHANGED {}", before.0 != after.0);
     Ok(())
 }
 
