@@ -108,7 +108,7 @@ def main():
         rc = rust.get(f"{name}_img_per_cpu_s", nan) if rust else nan
         print(f"  {name:<10} {w:>22.1f} {r:>15.1f} {r / w:>7.2f} {c:>26.1f} {rc:>19.1f} {rc / c:>9.2f}")
     if rust:
-        print("# rust per-stage CPU time (ms per image): " + ", ".join(
+        print("# rust per-stage in-worker time (ms per image): " + ", ".join(
             f"{k[:-len('_ms_per_img')]} {v:.3f}" for k, v in rust.items() if k.endswith("_ms_per_img")))
     return 0
 
