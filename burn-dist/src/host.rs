@@ -713,12 +713,15 @@ fn ring_all_reduce<T: Element>(
             for s in 0..n - 1 {
                 let r = seg(rank + n - s);
                 for c in chunks(r, chunk) {
+                    if s == n - 2 {
+                        // Last step: nothing to forward, read straight into place.
+                        recv_into(prev, &mut data[c])?;
+                        continue;
+                    }
                     let mut v = take_buf(pool, c.len());
                     recv_into(prev, &mut v)?;
                     data[c].copy_from_slice(&v);
-                    if s < n - 2 {
-                        tx.send(Msg::Data(v))?;
-                    }
+                    tx.send(Msg::Data(v))?;
                 }
             }
             Ok(())
