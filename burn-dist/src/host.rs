@@ -302,10 +302,9 @@ impl Host {
         let Some(store) = &self.store else {
             return Ok(None);
         };
-        if std::env::var(CMA_ENV).is_ok_and(|v| v == "0") {
-            return Ok(None);
-        }
-        crate::cma::allow_peer_reads();
+        // Every rank runs the same collectives below whatever it decides locally (the env may
+        // differ between ranks); the final all-reduce makes the decision unanimous.
+        let willing = !std::env::var(CMA_ENV).is_ok_and(|v| v == "0");
         let me = format!("{} {}", crate::cma::machine_id(), std::process::id());
         store.set(&format!("burn-dist/host/node/{}", self.rank), me.as_bytes())?;
         let mut machines = Vec::with_capacity(self.world_size);
@@ -317,8 +316,9 @@ impl Host {
             machines.push(machine.to_string());
             pids.push(pid.parse::<i32>().unwrap_or(0));
         }
-        if machines.iter().any(|m| m.is_empty() || *m != machines[0]) {
-            return Ok(None);
+        let willing = willing && machines.iter().all(|m| !m.is_empty() && *m == machines[0]);
+        if willing {
+            crate::cma::allow_peer_reads();
         }
         let probe: Box<[u64; 2]> = Box::new([
             0xB0D5_7E57_0000_0000 | self.rank as u64,
@@ -328,12 +328,13 @@ impl Host {
             crate::comm::CommunicatorExt::all_gather_vec(self, &[probe.as_ptr() as usize as i64])?;
         let next = (self.rank + 1) % self.world_size;
         let mut got = [0u64; 2];
-        let ok = crate::cma::read_remote(
-            pids[next],
-            addrs[next] as usize,
-            bytemuck::cast_slice_mut(&mut got),
-        )
-        .is_ok()
+        let ok = willing
+            && crate::cma::read_remote(
+                pids[next],
+                addrs[next] as usize,
+                bytemuck::cast_slice_mut(&mut got),
+            )
+            .is_ok()
             && got == [0xB0D5_7E57_0000_0000 | next as u64, !(next as u64)];
         let mut all_ok = [i64::from(ok)];
         self.all_reduce(HostBuf::I64(&mut all_ok), ReduceOp::Min)?;
