@@ -312,42 +312,82 @@ impl Transform {
             }
             Self::Val { resize, size } => {
                 let (w, h) = resize_shorter_side(img.width(), img.height(), resize);
-                let full = CropBox {
-                    top: 0,
-                    left: 0,
-                    height: img.height(),
-                    width: img.width(),
-                };
-                let resized = resized_crop(img, full, w, h, resampler);
                 let s = size as usize;
-                match center_crop_box(w, h, size, size) {
-                    Some(c) => {
-                        let mut hwc = vec![0u8; 3 * s * s];
-                        for y in 0..s {
-                            let src = ((c.top as usize + y) * w as usize + c.left as usize) * 3;
-                            hwc[y * s * 3..(y + 1) * s * 3]
-                                .copy_from_slice(&resized[src..src + s * 3]);
-                        }
+                match (center_crop_box(w, h, size, size), resampler) {
+                    (Some(c), Resampler::FastImageResize) => {
+                        // Resize only the output window: the same kernels as resizing the whole
+                        // image to w x h then cropping (fast_image_resize's crop box keeps
+                        // the pixels outside the box in the filter support).
+                        let hwc = fir_resize_window(img, (w, h), c);
                         hwc_to_chw(&hwc, s, s, false, out);
                     }
-                    None => {
-                        // Only when `resize < size`: pad with zeros like torchvision's CenterCrop.
-                        let mut hwc = vec![0u8; 3 * s * s];
-                        let (w, h) = (w as usize, h as usize);
-                        let (oy, ox) = (s.saturating_sub(h) / 2, s.saturating_sub(w) / 2);
-                        let (sy, sx) = (h.saturating_sub(s) / 2, w.saturating_sub(s) / 2);
-                        for y in 0..h.min(s) {
-                            let n = w.min(s) * 3;
-                            let src = ((sy + y) * w + sx) * 3;
-                            let dst = ((oy + y) * s + ox) * 3;
-                            hwc[dst..dst + n].copy_from_slice(&resized[src..src + n]);
-                        }
+                    (crop, _) => {
+                        let full = CropBox {
+                            top: 0,
+                            left: 0,
+                            height: img.height(),
+                            width: img.width(),
+                        };
+                        let resized = resized_crop(img, full, w, h, resampler);
+                        let hwc = center_crop_or_pad(&resized, (w as usize, h as usize), s, crop);
                         hwc_to_chw(&hwc, s, s, false, out);
                     }
                 }
             }
         }
     }
+}
+
+/// The `window` of `src` resized (as a whole) to `resized = (w, h)`, computed without resizing
+/// the rest. Returns packed HWC RGB of `window.width × window.height`.
+fn fir_resize_window(src: &RgbImage, resized: (u32, u32), window: CropBox) -> Vec<u8> {
+    let fir_src =
+        fr::images::ImageRef::new(src.width(), src.height(), src.as_raw(), fr::PixelType::U8x3)
+            .expect("an RgbImage buffer always matches its size");
+    let sx = f64::from(src.width()) / f64::from(resized.0);
+    let sy = f64::from(src.height()) / f64::from(resized.1);
+    let mut dst = fr::images::Image::new(window.width, window.height, fr::PixelType::U8x3);
+    let options = fr::ResizeOptions::new()
+        .resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear))
+        .crop(
+            f64::from(window.left) * sx,
+            f64::from(window.top) * sy,
+            f64::from(window.width) * sx,
+            f64::from(window.height) * sy,
+        );
+    RESIZER.with(|r| {
+        r.borrow_mut()
+            .resize(&fir_src, &mut dst, &options)
+            .expect("pixel types match and sizes are non-zero")
+    });
+    dst.into_vec()
+}
+
+/// torchvision's `CenterCrop(s)` of a packed HWC image of `(w, h)`: the `crop` box when it fits,
+/// else zero padding around the image.
+fn center_crop_or_pad(
+    hwc: &[u8],
+    (w, h): (usize, usize),
+    s: usize,
+    crop: Option<CropBox>,
+) -> Vec<u8> {
+    let mut out = vec![0u8; 3 * s * s];
+    if let Some(c) = crop {
+        for y in 0..s {
+            let src = ((c.top as usize + y) * w + c.left as usize) * 3;
+            out[y * s * 3..(y + 1) * s * 3].copy_from_slice(&hwc[src..src + s * 3]);
+        }
+        return out;
+    }
+    let (oy, ox) = (s.saturating_sub(h) / 2, s.saturating_sub(w) / 2);
+    let (sy, sx) = (h.saturating_sub(s) / 2, w.saturating_sub(s) / 2);
+    let n = w.min(s) * 3;
+    for y in 0..h.min(s) {
+        let src = ((sy + y) * w + sx) * 3;
+        let dst = ((oy + y) * s + ox) * 3;
+        out[dst..dst + n].copy_from_slice(&hwc[src..src + n]);
+    }
+    out
 }
 
 #[cfg(test)]

@@ -168,3 +168,50 @@ fn train_transform_flips_about_half_the_time() {
     }
     assert!((150..=250).contains(&flips), "{flips} flips of {n}");
 }
+
+#[test]
+fn val_center_crop_pads_when_the_image_is_smaller() {
+    // resize 10 < size 16: 50x40 -> 12x10, centred in a zero 16x16 canvas at (2, 3).
+    let img = RgbImage::from_raw(50, 40, common::pattern(50, 40, 1)).expect("buffer");
+    let t = Transform::Val {
+        resize: 10,
+        size: 16,
+    };
+    let mut out = vec![7u8; 3 * 16 * 16];
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    t.apply_into(&img, &mut rng, Resampler::FastImageResize, &mut out);
+    let full = CropBox {
+        top: 0,
+        left: 0,
+        height: 40,
+        width: 50,
+    };
+    let resized = resized_crop(&img, full, 12, 10, Resampler::FastImageResize);
+    for y in 0..16usize {
+        for x in 0..16usize {
+            let inside = (3..13).contains(&y) && (2..14).contains(&x);
+            let want = if inside {
+                resized[((y - 3) * 12 + x - 2) * 3]
+            } else {
+                0
+            };
+            assert_eq!(out[y * 16 + x], want, "red at ({x},{y})");
+        }
+    }
+}
+
+#[test]
+fn val_transform_resamplers_agree() {
+    let img = RgbImage::from_raw(90, 70, common::pattern(90, 70, 2)).expect("buffer");
+    let t = Transform::val(32);
+    let (mut a, mut b) = (vec![0u8; 3 * 32 * 32], vec![0u8; 3 * 32 * 32]);
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    t.apply_into(&img, &mut rng, Resampler::FastImageResize, &mut a);
+    t.apply_into(&img, &mut rng, Resampler::Image, &mut b);
+    let max = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (i32::from(*x) - i32::from(*y)).abs())
+        .max();
+    assert!(max.unwrap_or(0) <= 3, "max difference {max:?}");
+}
