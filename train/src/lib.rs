@@ -3,13 +3,8 @@
 //! library and the `train` binary.
 //!
 //! The binary trains the ResNets; your own model trains through the same loop, CLI and launcher
-//! by implementing [`ClassifierConfig`] for its config (see `examples/custom_model.rs`):
-//!
-//! ```ignore
-//! fn main() -> std::process::ExitCode {
-//!     train::main_with(|_args| Ok(MyCnnConfig { width: 32 }))
-//! }
-//! ```
+//! by implementing [`ClassifierConfig`] for its config and calling [`main_with`] from its `main`
+//! (see `examples/custom_model.rs` and the README, whose example is compiled as a doctest).
 
 mod app;
 pub mod checkpoint;
