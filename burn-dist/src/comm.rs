@@ -191,6 +191,12 @@ impl HostBuf<'_> {
 /// rank in the same order with the same sizes; each is bounded by the communicator's deadline and
 /// returns an error naming the failing rank instead of hanging.
 pub trait Communicator: Send + Sync + std::fmt::Debug {
+    /// The NCCL communicator behind this one, if it is one: lets CUDA tensors go to NCCL by
+    /// device pointer instead of through host memory.
+    fn as_nccl(&self) -> Option<&crate::Nccl> {
+        None
+    }
+
     /// This process's rank.
     fn rank(&self) -> usize;
     /// Number of processes.

@@ -60,6 +60,15 @@ enum Request {
         dtype: DType,
         reply: mpsc::Sender<Result<Vec<u8>>>,
     },
+    /// All-reduce between two device buffers of the caller (replies with an empty vector).
+    AllReduceDevice {
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        reply: mpsc::Sender<Result<Vec<u8>>>,
+    },
 }
 
 /// NCCL communicator for one process and one CUDA device.
@@ -177,6 +186,36 @@ impl Nccl {
             timeout,
             requests: Mutex::new(Some(tx)),
         })
+    }
+
+    /// All-reduces `count` elements from device buffer `send` into device buffer `recv` (they may
+    /// be equal), on this communicator's stream, and waits for it (deadline, async errors).
+    ///
+    /// # Safety
+    /// `send` and `recv` must address at least `count` elements of `dtype` of device memory of
+    /// this communicator's device, in its primary context, that stay allocated and are neither
+    /// read nor written by other work until this call returns; the work that produced `send` must
+    /// have completed (synchronise the device first: NCCL runs on its own stream).
+    ///
+    /// # Errors
+    /// [`DistError::Nccl`], [`DistError::NcclTimeout`] or [`DistError::Broken`].
+    pub unsafe fn all_reduce_device(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.call("ncclAllReduce", |reply| Request::AllReduceDevice {
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+            reply,
+        })
+        .map(|_| ())
     }
 
     fn call(
@@ -337,8 +376,55 @@ impl Worker {
                     }),
                 )
             }
+            Request::AllReduceDevice {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+                reply,
+            } => (
+                reply,
+                self.device_all_reduce(send, recv, count, dtype, op)
+                    .map(|()| Vec::new()),
+            ),
         };
         let _ = reply.send(result);
+    }
+
+    fn device_all_reduce(
+        &mut self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        if self.aborted {
+            return Err(DistError::Broken {
+                rank: self.rank,
+                first: "the NCCL communicator was aborted after an earlier error".into(),
+            });
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller of `Nccl::all_reduce_device` guarantees both buffers hold `count`
+        // elements of live device memory of this device and context until we reply, and we reply
+        // only after `wait` has seen the stream finish.
+        unsafe {
+            nccl::all_reduce(
+                send as *const _,
+                recv as *mut _,
+                count,
+                nccl_type(dtype),
+                nccl_op(op),
+                self.comm,
+                self.stream.cu_stream() as nsys::cudaStream_t,
+            )
+        }
+        .map_err(|e| self.err("ncclAllReduce", format!("{e:?}")))?;
+        self.wait("ncclAllReduce")
     }
 
     fn host_op(
@@ -447,6 +533,9 @@ fn nccl_thread(
 }
 
 impl Communicator for Nccl {
+    fn as_nccl(&self) -> Option<&Nccl> {
+        Some(self)
+    }
     fn rank(&self) -> usize {
         self.rank
     }

@@ -118,8 +118,76 @@ impl CollectiveBackend for burn::backend::Flex {}
 
 impl<B: CollectiveBackend> CollectiveBackend for burn::backend::Autodiff<B> {}
 
-/// CUDA: host-staged for now (correct with both the host and the NCCL communicator). The
-/// device-pointer path of DESIGN.md (fused bucket → `GpuResource` pointer → NCCL on our stream)
-/// is not wired yet.
+/// CUDA: with the NCCL communicator and no compression, buckets go to NCCL by device pointer
+/// (DESIGN.md §1: `CubeTensor` → `client.get_resource` → `GpuResource::ptr`); otherwise
+/// host-staged.
 #[cfg(feature = "cuda")]
-impl CollectiveBackend for burn::backend::Cuda {}
+impl CollectiveBackend for burn::backend::Cuda {
+    fn all_reduce_float(
+        comm: &dyn Communicator,
+        tensor: Tensor<Self, 1>,
+        op: ReduceOp,
+        compression: Compression,
+    ) -> Result<Tensor<Self, 1>> {
+        match comm.as_nccl() {
+            Some(nccl) if compression == Compression::None && comm.world_size() > 1 => {
+                cuda_all_reduce(nccl, tensor, op)
+            }
+            _ => host_all_reduce(comm, tensor, op, compression),
+        }
+    }
+}
+
+/// NCCL all-reduce of a CUDA tensor into a fresh output tensor, without leaving the device.
+#[cfg(feature = "cuda")]
+fn cuda_all_reduce(
+    nccl: &crate::Nccl,
+    tensor: Tensor<burn::backend::Cuda, 1>,
+    op: ReduceOp,
+) -> Result<Tensor<burn::backend::Cuda, 1>> {
+    use burn::tensor::TensorPrimitive;
+    type Cuda = burn::backend::Cuda;
+
+    let device = tensor.device();
+    let n = tensor.dims()[0];
+    let input = tensor.into_primitive().tensor();
+    if !input.is_contiguous() || input.dtype != burn::tensor::DType::F32 {
+        let tensor = Tensor::<Cuda, 1>::from_primitive(TensorPrimitive::Float(input));
+        return host_all_reduce(nccl, tensor, op, Compression::None);
+    }
+    // A fresh output: the input's buffer may be shared with other tensors.
+    let output = Tensor::<Cuda, 1>::empty([n], &device)
+        .into_primitive()
+        .tensor();
+    let backend_error = |op: &'static str| {
+        move |e: &dyn std::fmt::Debug| DistError::TensorData {
+            op,
+            detail: format!("{e:?}"),
+        }
+    };
+    // NCCL runs on its own stream: the kernels that wrote the input must have finished.
+    <Cuda as Backend>::sync(&device).map_err(|e| backend_error("synchronising before NCCL")(&e))?;
+    let input_memory = input
+        .client
+        .get_resource(input.handle.clone())
+        .map_err(|e| backend_error("resolving the input device pointer")(&e))?;
+    let output_memory = output
+        .client
+        .get_resource(output.handle.clone())
+        .map_err(|e| backend_error("resolving the output device pointer")(&e))?;
+    // SAFETY: both resources are contiguous f32 buffers of at least `n` elements on this rank's
+    // device, in the primary context that burn-cuda and our NCCL thread share; the managed
+    // resources keep them allocated until after the call, which waits for NCCL's stream; the
+    // device was synchronised above, so no kernel still writes the input.
+    unsafe {
+        nccl.all_reduce_device(
+            input_memory.resource().ptr,
+            output_memory.resource().ptr,
+            n,
+            crate::comm::DType::F32,
+            op,
+        )?;
+    }
+    drop((input_memory, output_memory, input));
+    Ok(Tensor::from_primitive(TensorPrimitive::Float(output)))
+}
