@@ -222,11 +222,14 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
     /// As [`Communicator::all_reduce`]; [`crate::DistError::InvalidBuffer`] when the length is not
     /// a multiple of the world size.
     fn all_gather(&self, buf: HostBuf<'_>) -> Result<()>;
-    /// Returns once every rank has called `barrier`.
+    /// Returns once every rank has called `barrier` (an all-reduce of one integer).
     ///
     /// # Errors
     /// As [`Communicator::all_reduce`].
-    fn barrier(&self) -> Result<()>;
+    fn barrier(&self) -> Result<()> {
+        let mut one = [1i64];
+        self.all_reduce(HostBuf::I64(&mut one), ReduceOp::Sum)
+    }
 }
 
 /// Typed conveniences over any [`Communicator`].

@@ -1017,11 +1017,6 @@ impl Communicator for Host {
             ring_all_gather(l, rank, n, buf.bytes_mut(), dtype, fail)
         })
     }
-
-    fn barrier(&self) -> Result<()> {
-        let mut one = [1i64];
-        self.all_reduce(HostBuf::I64(&mut one), ReduceOp::Sum)
-    }
 }
 
 #[cfg(test)]

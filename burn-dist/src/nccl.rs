@@ -595,11 +595,6 @@ impl Communicator for Nccl {
         buf.bytes_mut().copy_from_slice(&out);
         Ok(())
     }
-
-    fn barrier(&self) -> Result<()> {
-        let mut one = [1i64];
-        self.all_reduce(HostBuf::I64(&mut one), ReduceOp::Sum)
-    }
 }
 
 #[cfg(test)]

@@ -155,16 +155,19 @@ fn a_torchvision_state_dict_loads_with_every_key_matched() {
     assert_eq!(names, expected);
 }
 
+/// A ResNet-18 with 10 classes saved in a temp dir (kept alive by the returned guard).
+fn saved_resnet18_with_10_classes() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("r18.safetensors");
+    let model = ResNetConfig::resnet18(10).init::<TestBackend>(&Default::default());
+    torchvision::save(&model, &path).expect("save");
+    (dir, path)
+}
+
 #[test]
 fn wrong_class_count_is_a_shape_error_naming_the_key() {
     let device = Default::default();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("r18.safetensors");
-    torchvision::save(
-        &ResNetConfig::resnet18(10).init::<TestBackend>(&device),
-        &path,
-    )
-    .expect("save");
+    let (_dir, path) = saved_resnet18_with_10_classes();
     let error = torchvision::load(
         ResNetConfig::resnet18(1000).init::<TestBackend>(&device),
         &path,
@@ -180,13 +183,7 @@ fn wrong_class_count_is_a_shape_error_naming_the_key() {
 #[test]
 fn other_depth_is_a_key_mismatch() {
     let device = Default::default();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("r18.safetensors");
-    torchvision::save(
-        &ResNetConfig::resnet18(10).init::<TestBackend>(&device),
-        &path,
-    )
-    .expect("save");
+    let (_dir, path) = saved_resnet18_with_10_classes();
     let error = torchvision::load(
         ResNetConfig::resnet34(10).init::<TestBackend>(&device),
         &path,
