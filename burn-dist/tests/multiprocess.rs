@@ -152,6 +152,23 @@ fn run_ok_env(n: usize, env: &[(&str, &str)], args: &dyn Fn(usize) -> Vec<String
     out
 }
 
+/// Every rank printed the same `CHECKSUM` line of the collectives it ran.
+fn assert_same_checksum(n: usize, out: &[Outcome]) {
+    let sums: Vec<&str> = out
+        .iter()
+        .map(|o| {
+            o.stdout
+                .lines()
+                .find(|l| l.starts_with("CHECKSUM"))
+                .unwrap_or("none")
+        })
+        .collect();
+    assert!(
+        sums.iter().all(|s| *s == sums[0] && *s != "none"),
+        "n={n}: {sums:?}"
+    );
+}
+
 fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
@@ -160,19 +177,7 @@ fn strings(v: &[&str]) -> Vec<String> {
 fn collectives_agree_with_reference_on_2_3_4_processes() {
     for n in [2, 3, 4] {
         let out = run_ok(n, &|_| strings(&["collectives"]));
-        let sums: Vec<&str> = out
-            .iter()
-            .map(|o| {
-                o.stdout
-                    .lines()
-                    .find(|l| l.starts_with("CHECKSUM"))
-                    .unwrap_or("none")
-            })
-            .collect();
-        assert!(
-            sums.iter().all(|s| *s == sums[0] && *s != "none"),
-            "n={n}: {sums:?}"
-        );
+        assert_same_checksum(n, &out);
     }
 }
 
@@ -182,19 +187,7 @@ fn collectives_with_several_copy_threads_per_rank() {
         let out = run_ok_env(n, &[("BURN_DIST_HOST_THREADS", "3")], &|_| {
             strings(&["collectives"])
         });
-        let sums: Vec<&str> = out
-            .iter()
-            .map(|o| {
-                o.stdout
-                    .lines()
-                    .find(|l| l.starts_with("CHECKSUM"))
-                    .unwrap_or("none")
-            })
-            .collect();
-        assert!(
-            sums.iter().all(|s| *s == sums[0] && *s != "none"),
-            "n={n}: {sums:?}"
-        );
+        assert_same_checksum(n, &out);
     }
 }
 
@@ -202,19 +195,7 @@ fn collectives_with_several_copy_threads_per_rank() {
 fn collectives_over_the_tcp_ring_without_cross_memory_reads() {
     for n in [2, 3] {
         let out = run_ok_env(n, &[("BURN_DIST_CMA", "0")], &|_| strings(&["collectives"]));
-        let sums: Vec<&str> = out
-            .iter()
-            .map(|o| {
-                o.stdout
-                    .lines()
-                    .find(|l| l.starts_with("CHECKSUM"))
-                    .unwrap_or("none")
-            })
-            .collect();
-        assert!(
-            sums.iter().all(|s| *s == sums[0] && *s != "none"),
-            "n={n}: {sums:?}"
-        );
+        assert_same_checksum(n, &out);
     }
 }
 

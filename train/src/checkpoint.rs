@@ -10,10 +10,9 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::Module;
 use burn::optim::Optimizer;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
-use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde::{Deserialize, Serialize};
 
@@ -95,7 +94,8 @@ pub struct CheckpointHeader {
     /// Data-order state: the sampler's permutation is a function of (seed, epoch), and the
     /// augmentations of (seed, epoch, sample index), so these two restore the data order exactly.
     pub data_seed: u64,
-    /// Parameter shapes in visit order, to refuse a checkpoint of another model before decoding.
+    /// Parameter paths, shapes and dtypes in visit order, to refuse a checkpoint of another model
+    /// before decoding.
     pub model_fingerprint: String,
     /// The sections that follow the header.
     pub sections: Vec<Section>,
@@ -112,17 +112,10 @@ pub struct Checkpoint {
     optimizer: Vec<u8>,
 }
 
-/// Parameter shapes in visit order, e.g. `[64,3,7,7];[64];...`.
+/// Parameter paths, shapes and dtypes in visit order: burn-dist's cross-rank model check, reused
+/// to refuse a checkpoint of another model before decoding it.
 pub fn model_fingerprint<B: Backend, M: Module<B>>(model: &M) -> String {
-    struct Shapes(Vec<String>);
-    impl<B: Backend> ModuleVisitor<B> for Shapes {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            self.0.push(format!("{:?}", param.lazy_shape().dims::<D>()));
-        }
-    }
-    let mut shapes = Shapes(Vec::new());
-    model.visit(&mut shapes);
-    shapes.0.join(";")
+    burn_dist::Fingerprint::of::<B, M>(model).entries.join(";")
 }
 
 /// Writes a checkpoint atomically: temp file in the same directory, fsync, rename, fsync the
