@@ -35,6 +35,8 @@
 
 mod cma;
 mod comm;
+#[cfg(feature = "cuda")]
+mod cuda_tensor;
 mod error;
 mod host;
 mod launcher;
@@ -66,4 +68,6 @@ pub use setup::{CommBackend, Dist, DistOptions, TIMEOUT_ENV, init, init_from_env
 pub use store::{MAX_STORE_MESSAGE, Store};
 pub use sync::{DEFAULT_BUCKET_BYTES, Fingerprint, GradientSync, SyncConfig, verify_same_model};
 pub use tensor::{CollectiveBackend, Compression, host_all_reduce, host_broadcast};
+#[cfg(feature = "cuda")]
+pub use tensor::{CudaFused, CudaRaw};
 pub use world::{DEFAULT_MASTER_PORT, JOB_TOKEN_ENV, QUIET_ENV, World};
