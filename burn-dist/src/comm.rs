@@ -222,6 +222,13 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
     /// As [`Communicator::all_reduce`]; [`crate::DistError::InvalidBuffer`] when the length is not
     /// a multiple of the world size.
     fn all_gather(&self, buf: HostBuf<'_>) -> Result<()>;
+    /// Whether collectives may be skipped because they cannot change anything: a world of one
+    /// whose backend has nothing to exercise. The NCCL backend answers `false`, so that one GPU
+    /// still runs (and checks) NCCL.
+    fn skips_collectives(&self) -> bool {
+        self.world_size() == 1
+    }
+
     /// Returns once every rank has called `barrier` (an all-reduce of one integer).
     ///
     /// # Errors

@@ -7,10 +7,11 @@
 //! the result is registered back as a fusion tensor.
 
 use crate::comm::{Communicator, ReduceOp};
+use crate::device_call::{Collective, DeviceCall};
 use crate::error::{DistError, Result};
-use crate::tensor::{CollectiveBackend, Compression, host_all_reduce};
+use crate::tensor::{CollectiveBackend, Compression, host_all_reduce, host_broadcast};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{DType, FloatDType, Tensor, TensorPrimitive};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::cuda::CudaRuntime;
@@ -65,88 +66,224 @@ impl CubeAccess for CudaFused {
     }
 }
 
-impl CollectiveBackend for CudaRaw {
-    fn all_reduce_float(
-        comm: &dyn Communicator,
-        tensor: Tensor<Self, 1>,
-        op: ReduceOp,
-        compression: Compression,
-    ) -> Result<Tensor<Self, 1>> {
-        device_all_reduce(comm, tensor, op, compression)
-    }
-}
+macro_rules! device_collectives {
+    ($backend:ty) => {
+        impl CollectiveBackend for $backend {
+            fn all_reduce_float(
+                comm: &dyn Communicator,
+                tensor: Tensor<Self, 1>,
+                op: ReduceOp,
+                compression: Compression,
+            ) -> Result<Tensor<Self, 1>> {
+                let mut out = device_all_reduce(comm, vec![tensor], op, compression)?;
+                out.pop().ok_or(DistError::InvalidBuffer {
+                    op: "all_reduce",
+                    detail: "no tensor came back".into(),
+                })
+            }
 
-impl CollectiveBackend for CudaFused {
-    fn all_reduce_float(
-        comm: &dyn Communicator,
-        tensor: Tensor<Self, 1>,
-        op: ReduceOp,
-        compression: Compression,
-    ) -> Result<Tensor<Self, 1>> {
-        device_all_reduce(comm, tensor, op, compression)
-    }
-}
+            fn all_reduce_floats(
+                comm: &dyn Communicator,
+                tensors: Vec<Tensor<Self, 1>>,
+                op: ReduceOp,
+                compression: Compression,
+            ) -> Result<Vec<Tensor<Self, 1>>> {
+                device_all_reduce(comm, tensors, op, compression)
+            }
 
-/// With the NCCL communicator and no compression, all-reduces by device pointer into a fresh
-/// output tensor; otherwise host-staged.
-fn device_all_reduce<B: CubeAccess>(
-    comm: &dyn Communicator,
-    tensor: Tensor<B, 1>,
-    op: ReduceOp,
-    compression: Compression,
-) -> Result<Tensor<B, 1>> {
-    let Some(nccl) = comm.as_nccl() else {
-        return host_all_reduce(comm, tensor, op, compression);
-    };
-    if compression != Compression::None {
-        return host_all_reduce(comm, tensor, op, compression);
-    }
-    let device = tensor.device();
-    let n = tensor.dims()[0];
-    let input = B::into_cube(tensor.into_primitive().tensor());
-    if !input.is_contiguous() || input.dtype != burn::tensor::DType::F32 {
-        let tensor =
-            Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(B::from_cube(input, &device)));
-        return host_all_reduce(comm, tensor, op, Compression::None);
-    }
-    let output = burn_cubecl::ops::numeric::empty_device_contiguous_dtype(
-        input.client.clone(),
-        input.device.clone(),
-        input.meta.shape().clone(),
-        input.dtype,
-    );
-    let backend_error = |op: &'static str| {
-        move |e: &dyn std::fmt::Debug| DistError::TensorData {
-            op,
-            detail: format!("{e:?}"),
+            fn broadcast_float(
+                comm: &dyn Communicator,
+                tensor: Tensor<Self, 1>,
+                root: usize,
+            ) -> Result<Tensor<Self, 1>> {
+                device_broadcast(comm, tensor, root)
+            }
         }
     };
-    // NCCL runs on its own stream: the kernels that wrote the input must have finished.
-    <B as Backend>::sync(&device).map_err(|e| backend_error("synchronising before NCCL")(&e))?;
-    let input_memory = input
-        .client
-        .get_resource(input.handle.clone())
-        .map_err(|e| backend_error("resolving the input device pointer")(&e))?;
-    let output_memory = output
-        .client
-        .get_resource(output.handle.clone())
-        .map_err(|e| backend_error("resolving the output device pointer")(&e))?;
-    // SAFETY: both resources are contiguous f32 buffers of `n` elements (the pointers include
-    // the handles' offsets) on this rank's device, in the primary context that burn-cuda and our
-    // NCCL thread share; the managed resources keep them allocated until after the call, which
-    // waits for NCCL's stream; the device was synchronised above, so no kernel still writes the
-    // input.
-    unsafe {
-        nccl.all_reduce_device(
-            input_memory.resource().ptr,
-            output_memory.resource().ptr,
-            n,
-            crate::comm::DType::F32,
-            op,
-        )?;
+}
+
+device_collectives!(CudaRaw);
+device_collectives!(CudaFused);
+
+fn backend_error(op: &'static str) -> impl Fn(&dyn std::fmt::Debug) -> DistError {
+    move |e| DistError::TensorData {
+        op,
+        detail: format!("{e:?}"),
     }
-    drop((input_memory, output_memory, input));
+}
+
+/// The wire type of a compression, as Burn and as NCCL name it.
+fn wire_dtype(compression: Compression) -> (FloatDType, crate::comm::DType) {
+    match compression {
+        Compression::None => (FloatDType::F32, crate::comm::DType::F32),
+        Compression::Fp16 => (FloatDType::F16, crate::comm::DType::F16),
+        Compression::Bf16 => (FloatDType::BF16, crate::comm::DType::BF16),
+    }
+}
+
+fn nccl_dtype(dtype: DType) -> Option<crate::comm::DType> {
+    match dtype {
+        DType::F32 => Some(crate::comm::DType::F32),
+        DType::F16 => Some(crate::comm::DType::F16),
+        DType::BF16 => Some(crate::comm::DType::BF16),
+        DType::F64 => Some(crate::comm::DType::F64),
+        _ => None,
+    }
+}
+
+/// A contiguous `CubeTensor` of `tensor`, launching a copy kernel if it is a strided view.
+fn contiguous_cube<B: CubeAccess>(tensor: Tensor<B, 1>) -> CubeTensor<CudaRuntime> {
+    let cube = B::into_cube(tensor.into_primitive().tensor());
+    if cube.is_contiguous() {
+        cube
+    } else {
+        burn_cubecl::kernel::into_contiguous(cube)
+    }
+}
+
+/// The raw address of a contiguous `CubeTensor`'s first element (the handle's offset included,
+/// so views that start inside a larger allocation work).
+fn device_address(tensor: &CubeTensor<CudaRuntime>, op: &'static str) -> Result<u64> {
+    let resource = tensor
+        .client
+        .get_resource(tensor.handle.clone())
+        .map_err(|e| backend_error(op)(&e))?;
+    Ok(resource.resource().ptr)
+}
+
+/// Runs `make(input, output)` for each pair on NCCL, after one device synchronisation, and keeps
+/// every buffer alive until NCCL is done with it.
+fn run_on_nccl<B: CubeAccess>(
+    nccl: &crate::Nccl,
+    name: &'static str,
+    device: &B::Device,
+    pairs: &[(CubeTensor<CudaRuntime>, CubeTensor<CudaRuntime>)],
+    make: impl Fn(u64, u64, usize, crate::comm::DType) -> DeviceCall,
+) -> Result<()> {
+    let mut calls = Vec::with_capacity(pairs.len());
+    for (input, output) in pairs {
+        let dtype = nccl_dtype(input.dtype).ok_or(DistError::TensorData {
+            op: name,
+            detail: format!("NCCL cannot reduce {:?} tensors", input.dtype),
+        })?;
+        calls.push(make(
+            device_address(input, name)?,
+            device_address(output, name)?,
+            input.meta.shape().num_elements(),
+            dtype,
+        ));
+    }
+    // NCCL runs on its own stream: every kernel that wrote an input must have finished. Burn's
+    // compute stream is not reachable from here to wait on an event, so this is a device-wide
+    // synchronisation, once per call (all buckets of a step share it).
+    <B as Backend>::sync(device).map_err(|e| backend_error("synchronising before NCCL")(&e))?;
+    let keep_alive: Box<dyn Send> = Box::new(pairs.to_vec());
+    // SAFETY: every address is the first element of a contiguous tensor with `count` elements of
+    // `dtype` on this rank's device (the primary context, which burn-cuda and the NCCL thread
+    // share); `keep_alive` holds those tensors' handles, so cubecl does not reuse the memory
+    // until the NCCL thread drops them; the device was synchronised above, so no kernel still
+    // writes an input; the outputs are fresh tensors nothing else reads before we return.
+    unsafe { nccl.run_device(name, calls, keep_alive) }
+}
+
+/// With the NCCL communicator, all-reduces by device pointer into fresh output tensors, casting
+/// to the compression's type on the device; otherwise host-staged.
+fn device_all_reduce<B: CubeAccess>(
+    comm: &dyn Communicator,
+    tensors: Vec<Tensor<B, 1>>,
+    op: ReduceOp,
+    compression: Compression,
+) -> Result<Vec<Tensor<B, 1>>> {
+    let Some(nccl) = comm.as_nccl() else {
+        return tensors
+            .into_iter()
+            .map(|t| host_all_reduce(comm, t, op, compression))
+            .collect();
+    };
+    let Some(device) = tensors.first().map(Tensor::device) else {
+        return Ok(tensors);
+    };
+    let (wire, _) = wire_dtype(compression);
+    let originals: Vec<DType> = tensors.iter().map(Tensor::dtype).collect();
+    let pairs: Vec<(CubeTensor<CudaRuntime>, CubeTensor<CudaRuntime>)> = tensors
+        .into_iter()
+        .map(|t| {
+            let t = if compression == Compression::None {
+                t
+            } else {
+                t.cast(wire)
+            };
+            let input = contiguous_cube(t);
+            let output = empty_like(&input);
+            (input, output)
+        })
+        .collect();
+    run_on_nccl::<B>(
+        nccl,
+        "ncclAllReduce",
+        &device,
+        &pairs,
+        |send, recv, count, dtype| DeviceCall {
+            collective: Collective::AllReduce(op),
+            send,
+            recv,
+            count,
+            dtype,
+        },
+    )?;
+    Ok(pairs
+        .into_iter()
+        .zip(originals)
+        .map(|((_, output), original)| {
+            let t = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(B::from_cube(
+                output, &device,
+            )));
+            if compression == Compression::None {
+                t
+            } else {
+                t.cast(original)
+            }
+        })
+        .collect())
+}
+
+/// With the NCCL communicator, broadcasts by device pointer; otherwise host-staged.
+fn device_broadcast<B: CubeAccess>(
+    comm: &dyn Communicator,
+    tensor: Tensor<B, 1>,
+    root: usize,
+) -> Result<Tensor<B, 1>> {
+    let Some(nccl) = comm.as_nccl() else {
+        return host_broadcast(comm, tensor, root);
+    };
+    let device = tensor.device();
+    let input = contiguous_cube(tensor);
+    let output = empty_like(&input);
+    let pairs = [(input, output)];
+    run_on_nccl::<B>(
+        nccl,
+        "ncclBroadcast",
+        &device,
+        &pairs,
+        |send, recv, count, dtype| DeviceCall {
+            collective: Collective::Broadcast { root },
+            send,
+            recv,
+            count,
+            dtype,
+        },
+    )?;
+    let [(_, output)] = pairs;
     Ok(Tensor::from_primitive(TensorPrimitive::Float(
         B::from_cube(output, &device),
     )))
+}
+
+fn empty_like(tensor: &CubeTensor<CudaRuntime>) -> CubeTensor<CudaRuntime> {
+    burn_cubecl::ops::numeric::empty_device_contiguous_dtype(
+        tensor.client.clone(),
+        tensor.device.clone(),
+        tensor.meta.shape().clone(),
+        tensor.dtype,
+    )
 }

@@ -37,6 +37,7 @@ mod cma;
 mod comm;
 #[cfg(feature = "cuda")]
 mod cuda_tensor;
+mod device_call;
 mod error;
 mod host;
 mod launcher;
@@ -59,12 +60,12 @@ pub use host::{ADDR_ENV, CMA_ENV, Host, THREADS_ENV};
 pub use launcher::{
     LaunchConfig, is_worker_env, launch, launch_or_run, should_draw_progress, visible_cuda_devices,
 };
-pub use nccl::Nccl;
+pub use nccl::{Collective, DeviceCall, Nccl};
 pub use optimizer::{
     DistributedConfig, DistributedOptimizer, average_buffers, broadcast_optimizer_state,
     broadcast_parameters, reduce_metrics,
 };
-pub use setup::{CommBackend, Dist, DistOptions, TIMEOUT_ENV, init, init_from_env};
+pub use setup::{BACKEND_ENV, CommBackend, Dist, DistOptions, TIMEOUT_ENV, init, init_from_env};
 pub use store::{MAX_STORE_MESSAGE, Store};
 pub use sync::{DEFAULT_BUCKET_BYTES, Fingerprint, GradientSync, SyncConfig, verify_same_model};
 pub use tensor::{CollectiveBackend, Compression, host_all_reduce, host_broadcast};

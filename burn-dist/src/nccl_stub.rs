@@ -2,6 +2,7 @@
 //! same API, every call returns [`DistError::NotCompiledWithCuda`].
 
 use crate::comm::{Communicator, HostBuf, ReduceOp};
+pub use crate::device_call::{Collective, DeviceCall};
 use crate::error::{DistError, Result};
 use crate::store::Store;
 use crate::world::World;
@@ -19,6 +20,22 @@ impl Nccl {
     /// # Errors
     /// Always.
     pub fn new(_world: &World, _store: &Store, _device: usize, _timeout: Duration) -> Result<Self> {
+        Err(DistError::NotCompiledWithCuda)
+    }
+
+    /// Always [`DistError::NotCompiledWithCuda`] in this build.
+    ///
+    /// # Safety
+    /// None needed: nothing is run.
+    ///
+    /// # Errors
+    /// Always.
+    pub unsafe fn run_device(
+        &self,
+        _name: &'static str,
+        _calls: Vec<DeviceCall>,
+        _keep_alive: Box<dyn Send>,
+    ) -> Result<()> {
         Err(DistError::NotCompiledWithCuda)
     }
 

@@ -256,7 +256,7 @@ where
     B: Backend + CollectiveBackend,
     M: Module<B>,
 {
-    if comm.world_size() == 1 {
+    if comm.skips_collectives() {
         return Ok(module);
     }
     crate::sync::verify_same_model::<B, M>(comm, &module)?;
@@ -284,7 +284,7 @@ where
     B: Backend + CollectiveBackend,
     M: Module<B>,
 {
-    if comm.world_size() == 1 {
+    if comm.skips_collectives() {
         return Ok(module);
     }
     sync_running_states::<B, M>(&module);
@@ -317,7 +317,7 @@ where
     M: AutodiffModule<B>,
     O: Optimizer<M, B>,
 {
-    if comm.world_size() == 1 {
+    if comm.skips_collectives() {
         return Ok(optimizer);
     }
     let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();

@@ -11,6 +11,11 @@ use std::time::Duration;
 /// Environment variable overriding the deadline of rendezvous and collectives, in seconds.
 pub const TIMEOUT_ENV: &str = "BURN_DIST_TIMEOUT_S";
 
+/// Environment variable choosing the collective backend: `host` or `nccl`. With `nccl` a world of
+/// one still builds a real one-rank NCCL communicator (through the rendezvous store), so a single
+/// GPU exercises the whole NCCL path.
+pub const BACKEND_ENV: &str = "BURN_DIST_BACKEND";
+
 /// Which collective backend to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CommBackend {
@@ -28,6 +33,47 @@ pub struct DistOptions {
     pub backend: CommBackend,
     /// Deadline of the rendezvous and of each collective (default 300 s, or `BURN_DIST_TIMEOUT_S`).
     pub timeout: Duration,
+    /// Build the backend's communicator even in a world of one (default: false, or true when
+    /// [`BACKEND_ENV`] names the backend). A world of one otherwise opens nothing and skips every
+    /// collective.
+    pub force_backend: bool,
+}
+
+impl DistOptions {
+    /// Options for `backend`, overridden by [`BACKEND_ENV`] when it is set (which also forces
+    /// the backend in a world of one); the deadline from [`TIMEOUT_ENV`].
+    ///
+    /// # Errors
+    /// [`DistError::InvalidEnv`] when [`BACKEND_ENV`] is neither `host` nor `nccl`.
+    pub fn from_env(backend: CommBackend) -> Result<Self> {
+        Self::from_lookup(backend, |k| std::env::var(k).ok())
+    }
+
+    /// Same as [`DistOptions::from_env`], reading [`BACKEND_ENV`] through `get` (for tests).
+    ///
+    /// # Errors
+    /// As [`DistOptions::from_env`].
+    pub fn from_lookup(backend: CommBackend, get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let mut options = Self {
+            backend,
+            ..Self::default()
+        };
+        if let Some(value) = get(BACKEND_ENV) {
+            options.backend = match value.trim() {
+                "host" => CommBackend::Host,
+                "nccl" => CommBackend::Nccl,
+                _ => {
+                    return Err(DistError::InvalidEnv {
+                        var: BACKEND_ENV.into(),
+                        value,
+                        reason: "expected `host` or `nccl`".into(),
+                    });
+                }
+            };
+            options.force_backend = true;
+        }
+        Ok(options)
+    }
 }
 
 impl Default for DistOptions {
@@ -41,6 +87,7 @@ impl Default for DistOptions {
         Self {
             backend: CommBackend::Host,
             timeout,
+            force_backend: false,
         }
     }
 }
@@ -79,14 +126,26 @@ impl Dist {
 /// Rendezvous errors naming the missing ranks or the unreachable address; backend errors
 /// ([`DistError::NotCompiledWithCuda`], [`DistError::LibraryMissing`]).
 pub fn init(world: &World, options: &DistOptions) -> Result<Dist> {
-    if world.world_size == 1 {
+    if world.world_size == 1 && !options.force_backend {
         return Ok(Dist {
             world: world.clone(),
             store: None,
             comm: Arc::new(Host::single()),
         });
     }
-    let store = Arc::new(Store::rendezvous(world, options.timeout)?);
+    let store = if world.world_size == 1 {
+        // A forced backend in a world of one: a private store on a free loopback port, so the
+        // unique-id exchange runs as in a real job without taking MASTER_PORT.
+        let local = World {
+            master_addr: "127.0.0.1".into(),
+            master_port: free_loopback_port(world.rank)?,
+            ..world.clone()
+        };
+        Store::rendezvous(&local, options.timeout)?
+    } else {
+        Store::rendezvous(world, options.timeout)?
+    };
+    let store = Arc::new(store);
     let comm: Arc<dyn Communicator> = match options.backend {
         CommBackend::Host => Arc::new(Host::new(world, Arc::clone(&store), options.timeout)?),
         CommBackend::Nccl => Arc::new(crate::nccl::Nccl::new(
@@ -103,19 +162,26 @@ pub fn init(world: &World, options: &DistOptions) -> Result<Dist> {
     })
 }
 
-/// [`init`] with [`World::from_env`] and default options for `backend`.
+/// [`init`] with [`World::from_env`] and [`DistOptions::from_env`] for `backend`.
 ///
 /// # Errors
-/// As [`World::from_env`] and [`init`].
+/// As [`World::from_env`], [`DistOptions::from_env`] and [`init`].
 pub fn init_from_env(backend: CommBackend) -> Result<Dist> {
     let world = World::from_env()?;
-    init(
-        &world,
-        &DistOptions {
-            backend,
-            ..DistOptions::default()
-        },
-    )
+    init(&world, &DistOptions::from_env(backend)?)
+}
+
+fn free_loopback_port(rank: usize) -> Result<u16> {
+    let addr = "127.0.0.1:0";
+    std::net::TcpListener::bind(addr)
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|source| DistError::Io {
+            rank,
+            what: "picking a free port for the one-rank store".into(),
+            addr: addr.into(),
+            source,
+        })
 }
 
 #[allow(dead_code)]

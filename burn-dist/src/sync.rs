@@ -264,7 +264,7 @@ impl GradientSync {
             1.0
         };
         let max_elems = (self.config.bucket_bytes / 4).max(1);
-        let mut reduced = HashMap::with_capacity(entries.len());
+        let mut buckets: Vec<&[Entry<B::InnerBackend>]> = Vec::new();
         let mut start = 0;
         while start < entries.len() {
             let mut end = start;
@@ -273,30 +273,43 @@ impl GradientSync {
                 elems += entries[end].numel;
                 end += 1;
             }
-            let bucket = &entries[start..end];
-            let parts: Vec<Tensor<B::InnerBackend, 1>> = bucket
-                .iter()
-                .map(|e| {
-                    e.grad
-                        .clone()
-                        .unwrap_or_else(|| Tensor::zeros([e.numel], &e.device))
-                })
-                .collect();
-            let mut flat = Tensor::cat(parts, 0);
-            if world > 1 {
-                if f != 1.0 {
-                    flat = flat.div_scalar(f);
-                }
-                flat = B::InnerBackend::all_reduce_float(
-                    &*self.comm,
-                    flat,
-                    ReduceOp::Sum,
-                    self.config.compression,
-                )?;
-                flat = flat.mul_scalar(f / world as f64);
+            buckets.push(&entries[start..end]);
+            start = end;
+        }
+        let mut flats: Vec<Tensor<B::InnerBackend, 1>> = buckets
+            .iter()
+            .map(|bucket| {
+                let parts: Vec<Tensor<B::InnerBackend, 1>> = bucket
+                    .iter()
+                    .map(|e| {
+                        e.grad
+                            .clone()
+                            .unwrap_or_else(|| Tensor::zeros([e.numel], &e.device))
+                    })
+                    .collect();
+                Tensor::cat(parts, 0)
+            })
+            .collect();
+        if !self.comm.skips_collectives() {
+            if f != 1.0 {
+                flats = flats.into_iter().map(|t| t.div_scalar(f)).collect();
             }
+            // All buckets in one call: a device backend launches them together and waits once.
+            flats = B::InnerBackend::all_reduce_floats(
+                &*self.comm,
+                flats,
+                ReduceOp::Sum,
+                self.config.compression,
+            )?;
+            flats = flats
+                .into_iter()
+                .map(|t| t.mul_scalar(f / world as f64))
+                .collect();
+        }
+        let mut reduced = HashMap::with_capacity(entries.len());
+        for (bucket, flat) in buckets.iter().zip(flats) {
             let mut off = 0;
-            for e in bucket {
+            for e in bucket.iter() {
                 reduced.insert(
                     e.id,
                     if bucket.len() == 1 {
@@ -307,7 +320,6 @@ impl GradientSync {
                 );
                 off += e.numel;
             }
-            start = end;
         }
         let mut register = Register::<B> {
             grads: &mut grads,

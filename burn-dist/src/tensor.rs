@@ -26,7 +26,8 @@ pub enum Compression {
 /// Backend tensor access for collectives.
 pub trait CollectiveBackend: Backend {
     /// Reduces a flat float tensor across ranks with `op`, casting to `compression` on the wire.
-    /// A world of one returns the tensor unchanged.
+    /// Returns the tensor unchanged when the communicator skips collectives (a world of one that
+    /// is not NCCL).
     ///
     /// # Errors
     /// The communicator's error, or [`DistError::TensorData`] when the tensor cannot be read.
@@ -37,6 +38,23 @@ pub trait CollectiveBackend: Backend {
         compression: Compression,
     ) -> Result<Tensor<Self, 1>> {
         host_all_reduce(comm, tensor, op, compression)
+    }
+
+    /// [`CollectiveBackend::all_reduce_float`] of several tensors at once (the buckets of one
+    /// step), so a backend can launch them together and wait once.
+    ///
+    /// # Errors
+    /// As [`CollectiveBackend::all_reduce_float`].
+    fn all_reduce_floats(
+        comm: &dyn Communicator,
+        tensors: Vec<Tensor<Self, 1>>,
+        op: ReduceOp,
+        compression: Compression,
+    ) -> Result<Vec<Tensor<Self, 1>>> {
+        tensors
+            .into_iter()
+            .map(|t| Self::all_reduce_float(comm, t, op, compression))
+            .collect()
     }
 
     /// Replaces `tensor` by `root`'s on every rank.
@@ -73,7 +91,7 @@ pub fn host_all_reduce<B: Backend>(
     op: ReduceOp,
     compression: Compression,
 ) -> Result<Tensor<B, 1>> {
-    if comm.world_size() == 1 {
+    if comm.skips_collectives() {
         return Ok(tensor);
     }
     let device = tensor.device();
@@ -104,7 +122,7 @@ pub fn host_broadcast<B: Backend>(
     tensor: Tensor<B, 1>,
     root: usize,
 ) -> Result<Tensor<B, 1>> {
-    if comm.world_size() == 1 {
+    if comm.skips_collectives() {
         return Ok(tensor);
     }
     let device = tensor.device();
@@ -116,7 +134,39 @@ pub fn host_broadcast<B: Backend>(
 
 impl CollectiveBackend for burn::backend::Flex {}
 
-impl<B: CollectiveBackend> CollectiveBackend for burn::backend::Autodiff<B> {}
+/// Collectives on an autodiff tensor run on its inner (detached) tensor, so a device backend's
+/// fast path also serves parameter broadcasts and buffer averages.
+impl<B: CollectiveBackend> CollectiveBackend for burn::backend::Autodiff<B> {
+    fn all_reduce_floats(
+        comm: &dyn Communicator,
+        tensors: Vec<Tensor<Self, 1>>,
+        op: ReduceOp,
+        compression: Compression,
+    ) -> Result<Vec<Tensor<Self, 1>>> {
+        let inner = tensors.into_iter().map(|t| t.inner()).collect();
+        Ok(B::all_reduce_floats(comm, inner, op, compression)?
+            .into_iter()
+            .map(Tensor::from_inner)
+            .collect())
+    }
+
+    fn all_reduce_float(
+        comm: &dyn Communicator,
+        tensor: Tensor<Self, 1>,
+        op: ReduceOp,
+        compression: Compression,
+    ) -> Result<Tensor<Self, 1>> {
+        B::all_reduce_float(comm, tensor.inner(), op, compression).map(Tensor::from_inner)
+    }
+
+    fn broadcast_float(
+        comm: &dyn Communicator,
+        tensor: Tensor<Self, 1>,
+        root: usize,
+    ) -> Result<Tensor<Self, 1>> {
+        B::broadcast_float(comm, tensor.inner(), root).map(Tensor::from_inner)
+    }
+}
 
 #[cfg(feature = "cuda")]
 pub use crate::cuda_tensor::{CudaFused, CudaRaw};

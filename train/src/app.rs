@@ -29,11 +29,7 @@ pub const QUICKSTART: &[(&str, &str)] = &[
 
 /// Where the quickstart keeps its generated dataset.
 pub fn synthetic_cache_dir() -> PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("burn-horovod").join("synthetic-imagenet-v1")
+    crate::cuda_setup::cache_root().join("synthetic-imagenet-v1")
 }
 
 /// Parses the flags (with the quickstart applied when there is no ImageNet and no `--train-dir`).
@@ -131,17 +127,12 @@ fn try_main<C: ClassifierConfig>(
     };
     let world = burn_dist::launch_or_run(&launch)?;
     let backend = if use_cuda {
+        crate::cuda_setup::keep_autotune_results();
         CommBackend::Nccl
     } else {
         CommBackend::Host
     };
-    let dist = burn_dist::init(
-        &world,
-        &DistOptions {
-            backend,
-            ..DistOptions::default()
-        },
-    )?;
+    let dist = burn_dist::init(&world, &DistOptions::from_env(backend)?)?;
     if dist.is_main() && !use_cuda {
         println!(
             "{}training on the CPU (Flex backend)",
