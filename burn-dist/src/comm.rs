@@ -222,6 +222,11 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
     /// As [`Communicator::all_reduce`]; [`crate::DistError::InvalidBuffer`] when the length is not
     /// a multiple of the world size.
     fn all_gather(&self, buf: HostBuf<'_>) -> Result<()>;
+    /// How data moves, for logs and benchmark headers (default: the backend's name).
+    fn transport(&self) -> &'static str {
+        self.backend_name()
+    }
+
     /// Whether collectives may be skipped because they cannot change anything: a world of one
     /// whose backend has nothing to exercise. The NCCL backend answers `false`, so that one GPU
     /// still runs (and checks) NCCL.

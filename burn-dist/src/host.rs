@@ -20,36 +20,17 @@ const CHUNK_BYTES: usize = 1 << 20;
 const FAILURE_KEY: &str = "burn-dist/host/failure";
 /// How long rank 0 keeps serving the store after a failed collective.
 const STORE_LINGER: Duration = Duration::from_secs(2);
-/// Bytes per cross-memory read in the reduce phase (stays in L2 with the local chunk).
-const CMA_CHUNK_BYTES: usize = 256 << 10;
 /// IP address this rank advertises for its ring connections (default: the local address of its
 /// connection to rank 0's store).
 pub const ADDR_ENV: &str = "BURN_DIST_ADDR";
-/// Messages from this size on split cross-memory copies over [`Host`]'s copy threads.
-const CMA_THREADED_BYTES: usize = 4 << 20;
-/// Copy threads per rank for large same-machine all-reduces (default: cores / local ranks, at most 8).
-pub const THREADS_ENV: &str = "BURN_DIST_HOST_THREADS";
-
-fn copy_threads(local_world_size: usize) -> usize {
-    std::env::var(THREADS_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or_else(|| {
-            let cores = std::thread::available_parallelism()
-                .map(|c| c.get())
-                .unwrap_or(1);
-            cores / local_world_size.max(1)
-        })
-        .clamp(1, 8)
-}
 
 /// Largest per-step message sent from the calling thread (no sender thread): small enough that
 /// the n-1 steps a rank may run ahead always fit in the socket buffers.
 const INLINE_MAX_BYTES: usize = 16 << 10;
-/// Messages from this size on use cross-memory reads when available.
-const CMA_MIN_BYTES: usize = 32 << 10;
-/// Set to 0 to disable cross-memory reads (always use the TCP ring).
-pub const CMA_ENV: &str = "BURN_DIST_CMA";
+/// All-reduces from this size on go through shared memory when every rank is on one machine.
+const SHM_MIN_BYTES: usize = 32 << 10;
+/// Set to 0 to keep same-machine ranks on the TCP ring (no shared-memory segments).
+pub const SHM_ENV: &str = "BURN_DIST_SHM";
 /// Socket buffer size requested (the kernel may clamp it).
 const SOCKET_BUFFER: libc::c_int = 8 << 20;
 
@@ -64,6 +45,8 @@ struct Links {
     prev: TcpStream,
     seq: u64,
     broken: Option<String>,
+    /// Every rank's shared-memory segment, when all ranks are on this machine.
+    shm: Option<crate::shm::Segments>,
 }
 
 /// Ring communicator over TCP; works on one machine and across machines.
@@ -73,10 +56,6 @@ pub struct Host {
     timeout: Duration,
     store: Option<Arc<Store>>,
     links: Option<Mutex<Links>>,
-    /// Process ids of all ranks when every rank is on this machine and cross-memory reads work.
-    cma: Option<Vec<i32>>,
-    /// Copy threads per rank for large cross-memory all-reduces.
-    threads: usize,
 }
 
 impl std::fmt::Debug for Host {
@@ -128,8 +107,6 @@ impl Host {
             timeout: crate::comm::DEFAULT_TIMEOUT,
             store: None,
             links: None,
-            cma: None,
-            threads: 1,
         }
     }
 
@@ -150,8 +127,6 @@ impl Host {
                 timeout,
                 store: Some(store),
                 links: None,
-                cma: None,
-                threads: 1,
             });
         }
         // The interface that reaches rank 0 is the one peers can reach us on, unless overridden
@@ -232,13 +207,14 @@ impl Host {
                 prev,
                 seq: 0,
                 broken: None,
+                shm: None,
             })),
-            cma: None,
-            threads: copy_threads(world.local_world_size),
         };
         host.barrier()?;
-        let mut host = host;
-        host.cma = host.probe_cma()?;
+        let shm = host.map_shared_memory()?;
+        if let Some(mut links) = host.links() {
+            links.shm = shm;
+        }
         Ok(host)
     }
 
@@ -296,16 +272,18 @@ impl Host {
         }
     }
 
-    /// Decides (identically on every rank) whether large all-reduces may use cross-memory reads:
-    /// all ranks on one machine, and a test read of the next rank's memory works everywhere.
-    fn probe_cma(&self) -> Result<Option<Vec<i32>>> {
+    /// Decides (identically on every rank) whether large all-reduces go through shared memory:
+    /// all ranks on one machine, and every rank created its segment and mapped everyone's. The
+    /// segment names are drawn by rank 0 and travel through the store (authenticated by the job
+    /// token); each rank unlinks its own once everyone has mapped it.
+    fn map_shared_memory(&self) -> Result<Option<crate::shm::Segments>> {
         let Some(store) = &self.store else {
             return Ok(None);
         };
         // Every rank runs the same collectives below whatever it decides locally (the env may
-        // differ between ranks); the final all-reduce makes the decision unanimous.
-        let willing = !std::env::var(CMA_ENV).is_ok_and(|v| v == "0");
-        let me = format!("{} {}", crate::cma::machine_id(), std::process::id());
+        // differ between ranks); the all-reduces make each decision unanimous.
+        let willing = !std::env::var(SHM_ENV).is_ok_and(|v| v == "0");
+        let me = format!("{} {}", machine_id(), std::process::id());
         store.set(&format!("burn-dist/host/node/{}", self.rank), me.as_bytes())?;
         let mut machines = Vec::with_capacity(self.world_size);
         let mut pids = Vec::with_capacity(self.world_size);
@@ -317,29 +295,45 @@ impl Host {
             pids.push(pid.parse::<i32>().unwrap_or(0));
         }
         let willing = willing && machines.iter().all(|m| !m.is_empty() && *m == machines[0]);
-        if willing {
-            crate::cma::allow_peer_reads();
+        let name_key = "burn-dist/host/shm-name";
+        if self.rank == 0 {
+            store.set(
+                name_key,
+                format!("{:032x}", rand::random::<u128>()).as_bytes(),
+            )?;
         }
-        let probe: Box<[u64; 2]> = Box::new([
-            0xB0D5_7E57_0000_0000 | self.rank as u64,
-            !(self.rank as u64),
-        ]);
-        let addrs =
-            crate::comm::CommunicatorExt::all_gather_vec(self, &[probe.as_ptr() as usize as i64])?;
-        let next = (self.rank + 1) % self.world_size;
-        let mut got = [0u64; 2];
-        let ok = willing
-            && crate::cma::read_remote(
-                pids[next],
-                addrs[next] as usize,
-                bytemuck::cast_slice_mut(&mut got),
-            )
-            .is_ok()
-            && got == [0xB0D5_7E57_0000_0000 | next as u64, !(next as u64)];
-        let mut all_ok = [i64::from(ok)];
-        self.all_reduce(HostBuf::I64(&mut all_ok), ReduceOp::Min)?;
-        drop(probe);
-        Ok((all_ok[0] == 1).then_some(pids))
+        let name = String::from_utf8_lossy(&store.get(name_key, self.timeout)?).into_owned();
+        let unanimous = |ok: bool| -> Result<bool> {
+            let mut all = [i64::from(ok)];
+            self.all_reduce(HostBuf::I64(&mut all), ReduceOp::Min)?;
+            Ok(all[0] == 1)
+        };
+        let own = willing.then(|| crate::shm::create(&name, self.rank));
+        let created = unanimous(matches!(own, Some(Ok(_))))?;
+        let maps: Option<Vec<memmap2::MmapMut>> = match own {
+            Some(Ok(own)) if created => {
+                let mut own = Some(own);
+                (0..self.world_size)
+                    .map(|q| {
+                        if q == self.rank {
+                            own.take()
+                                .ok_or_else(|| std::io::Error::other("mapped twice"))
+                        } else {
+                            crate::shm::open(&name, q)
+                        }
+                    })
+                    .collect::<std::io::Result<Vec<_>>>()
+                    .ok()
+            }
+            _ => None,
+        };
+        let mapped = unanimous(maps.is_some())?;
+        if willing {
+            crate::shm::unlink(&name, self.rank);
+        }
+        Ok(maps
+            .filter(|_| mapped)
+            .map(|maps| crate::shm::Segments::new(self.rank, maps, pids)))
     }
 
     /// Changes the deadline of subsequent collectives.
@@ -534,7 +528,7 @@ fn describe(h: &[u8; 32]) -> String {
 }
 
 /// Segment `i` of `n` of a buffer of `len` elements: the first `len % n` get one extra element.
-fn segment(len: usize, n: usize, i: usize) -> std::ops::Range<usize> {
+pub(crate) fn segment(len: usize, n: usize, i: usize) -> std::ops::Range<usize> {
     let base = len / n;
     let extra = len % n;
     let start = i * base + i.min(extra);
@@ -809,140 +803,25 @@ fn ring_all_gather(
     )
 }
 
-/// All-reduce through cross-memory reads (all ranks on one machine): exchange buffer addresses,
-/// each rank reduces its own segment reading the peers' memory directly (one copy), a ring
-/// barrier, each rank copies the other ranks' finished segments, and a last barrier keeps every
-/// buffer alive until all reads are done.
-fn cma_all_reduce<T: Element>(
-    links: &mut Links,
-    rank: usize,
-    n: usize,
-    data: &mut [T],
-    op: ReduceOp,
-    (pids, threads): (&[i32], usize),
-    fail: &Fail<'_>,
-) -> Result<(), DistError> {
-    let size = std::mem::size_of::<T>();
-    let len = data.len();
-    let mut meta = vec![0u8; n * 16];
-    meta[rank * 16..rank * 16 + 8].copy_from_slice(&(data.as_ptr() as usize as u64).to_le_bytes());
-    meta[rank * 16 + 8..rank * 16 + 16].copy_from_slice(&(len as u64).to_le_bytes());
-    ring_all_gather(links, rank, n, &mut meta, T::DTYPE, fail)?;
-    let field = |q: usize, o: usize| {
-        meta[q * 16 + o..q * 16 + o + 8]
-            .try_into()
-            .map(u64::from_le_bytes)
-            .unwrap_or(0) as usize
-    };
-    for q in 0..n {
-        if field(q, 8) != len {
-            return Err(fail(RingError::Mismatch {
-                ours: format!("all_reduce of {len} elements"),
-                theirs: format!("all_reduce of {} elements on rank {q}", field(q, 8)),
-            }));
-        }
+/// A shared-memory failure in the ring's terms (the peer, or the collective that differs).
+fn shm_failure(e: crate::shm::ShmError) -> RingError {
+    match e {
+        crate::shm::ShmError::Peer(q, e) => RingError::Peer(q, e),
+        crate::shm::ShmError::Mismatch { rank, ours, theirs } => RingError::Mismatch {
+            ours: format!("collective #{} (all_reduce of {} elements)", ours.0, ours.1),
+            theirs: format!(
+                "collective #{} (all_reduce of {} elements) on rank {rank}",
+                theirs.0, theirs.1
+            ),
+        },
     }
-    let addr: Vec<usize> = (0..n).map(|q| field(q, 0)).collect();
-    let threads = threads.max(1);
-    let mine = segment(len, n, rank);
-    // Phase 1: reduce our own segment, reading each peer's copy of it (split among threads).
-    let per = mine.len().div_ceil(threads).max(1);
-    let parts: Vec<(usize, &mut [T])> = data[mine.clone()]
-        .chunks_mut(per)
-        .enumerate()
-        .map(|(i, p)| (mine.start + i * per, p))
-        .collect();
-    let reduce_part = |base: usize, part: &mut [T]| -> Result<(), DistError> {
-        let chunk = (CMA_CHUNK_BYTES / size).max(1);
-        let mut tmp = vec![T::zeroed(); chunk.min(part.len())];
-        for k in 1..n {
-            let q = (rank + k) % n;
-            for (i, dst) in part.chunks_mut(chunk).enumerate() {
-                let t = &mut tmp[..dst.len()];
-                let at = addr[q] + (base + i * chunk) * size;
-                crate::cma::read_remote(pids[q], at, bytemuck::cast_slice_mut(t))
-                    .map_err(|e| fail(RingError::Peer(q, e)))?;
-                T::reduce(op, dst, t);
-                if op == ReduceOp::Avg && k == n - 1 {
-                    T::divide(dst, n);
-                }
-            }
-        }
-        Ok(())
-    };
-    in_parallel(parts.into_iter().map(|p| vec![p]).collect(), &reduce_part)?;
-    let mut token = [0i64];
-    ring_all_reduce(links, rank, n, &mut token, ReduceOp::Sum, fail)?;
-    // Phase 2: copy the other ranks' finished segments (pieces spread over the threads).
-    let mut groups: Vec<Vec<(usize, &mut [T])>> = (0..threads).map(|_| Vec::new()).collect();
-    let mut rest: &mut [T] = data;
-    let mut next_group = 0;
-    for q in 0..n {
-        let s = segment(len, n, q);
-        let (head, tail) = std::mem::take(&mut rest).split_at_mut(s.len());
-        rest = tail;
-        if q == rank {
-            continue;
-        }
-        let per = head.len().div_ceil(threads).max(1);
-        for (i, piece) in head.chunks_mut(per).enumerate() {
-            groups[next_group % threads].push((s.start + i * per, piece));
-            next_group += 1;
-        }
-    }
-    let owner = |start: usize| {
-        (0..n)
-            .find(|q| segment(len, n, *q).contains(&start))
-            .unwrap_or(0)
-    };
-    let copy_piece = |start: usize, piece: &mut [T]| -> Result<(), DistError> {
-        let q = owner(start);
-        crate::cma::read_remote(
-            pids[q],
-            addr[q] + start * size,
-            bytemuck::cast_slice_mut(piece),
-        )
-        .map_err(|e| fail(RingError::Peer(q, e)))
-    };
-    in_parallel(groups, &copy_piece)?;
-    ring_all_reduce(links, rank, n, &mut token, ReduceOp::Sum, fail)
 }
 
-/// Work on one `(offset, slice)` piece of a buffer.
-type PartWork<'a, T> = dyn Fn(usize, &mut [T]) -> Result<(), DistError> + Sync + 'a;
-
-/// Runs `work` on every `(offset, slice)` of each group, one group per thread (the first on the
-/// calling thread); returns the first error.
-fn in_parallel<T: Send>(
-    groups: Vec<Vec<(usize, &mut [T])>>,
-    work: &PartWork<'_, T>,
-) -> Result<(), DistError> {
-    let run = |group: Vec<(usize, &mut [T])>| -> Result<(), DistError> {
-        for (start, slice) in group {
-            work(start, slice)?;
-        }
-        Ok(())
-    };
-    let mut groups = groups.into_iter().filter(|g| !g.is_empty());
-    let Some(first) = groups.next() else {
-        return Ok(());
-    };
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = groups.map(|g| scope.spawn(move || run(g))).collect();
-        let mut result = run(first);
-        for h in handles {
-            let r = h.join().unwrap_or_else(|_| {
-                Err(DistError::InvalidBuffer {
-                    op: "all_reduce",
-                    detail: "a copy thread panicked".into(),
-                })
-            });
-            if result.is_ok() {
-                result = r;
-            }
-        }
-        result
-    })
+/// This machine's boot id (same on every process of one machine, across containers too).
+fn machine_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 impl Communicator for Host {
@@ -958,33 +837,39 @@ impl Communicator for Host {
     fn backend_name(&self) -> &'static str {
         "host"
     }
+    fn transport(&self) -> &'static str {
+        match self.links() {
+            Some(l) if l.shm.is_some() => "tcp ring + shared memory",
+            Some(_) => "tcp ring",
+            None => "none (one process)",
+        }
+    }
 
     fn all_reduce(&self, buf: HostBuf<'_>, op: ReduceOp) -> Result<()> {
         let (rank, n) = (self.rank, self.world_size);
-        if let Some(pids) = &self.cma
-            && buf.len() * buf.dtype().size() >= CMA_MIN_BYTES
-        {
-            let threads = if buf.len() * buf.dtype().size() >= CMA_THREADED_BYTES {
-                self.threads
-            } else {
-                1
-            };
-            return self.run("all_reduce", |l, fail| match buf {
-                HostBuf::F32(s) => cma_all_reduce(l, rank, n, s, op, (pids, threads), fail),
-                HostBuf::F64(s) => cma_all_reduce(l, rank, n, s, op, (pids, threads), fail),
-                HostBuf::F16(s) => cma_all_reduce(l, rank, n, s, op, (pids, threads), fail),
-                HostBuf::BF16(s) => cma_all_reduce(l, rank, n, s, op, (pids, threads), fail),
-                HostBuf::I64(s) => cma_all_reduce(l, rank, n, s, op, (pids, threads), fail),
-                HostBuf::U8(s) => cma_all_reduce(l, rank, n, s, op, (pids, threads), fail),
-            });
-        }
-        self.run("all_reduce", |l, fail| match buf {
-            HostBuf::F32(s) => ring_all_reduce(l, rank, n, s, op, fail),
-            HostBuf::F64(s) => ring_all_reduce(l, rank, n, s, op, fail),
-            HostBuf::F16(s) => ring_all_reduce(l, rank, n, s, op, fail),
-            HostBuf::BF16(s) => ring_all_reduce(l, rank, n, s, op, fail),
-            HostBuf::I64(s) => ring_all_reduce(l, rank, n, s, op, fail),
-            HostBuf::U8(s) => ring_all_reduce(l, rank, n, s, op, fail),
+        let deadline = Instant::now() + self.timeout;
+        let shared = buf.len() * buf.dtype().size() >= SHM_MIN_BYTES;
+        self.run("all_reduce", |l, fail| {
+            let seq = l.seq;
+            match l.shm.as_mut().filter(|_| shared) {
+                Some(shm) => match buf {
+                    HostBuf::F32(s) => shm.all_reduce(s, op, seq, deadline),
+                    HostBuf::F64(s) => shm.all_reduce(s, op, seq, deadline),
+                    HostBuf::F16(s) => shm.all_reduce(s, op, seq, deadline),
+                    HostBuf::BF16(s) => shm.all_reduce(s, op, seq, deadline),
+                    HostBuf::I64(s) => shm.all_reduce(s, op, seq, deadline),
+                    HostBuf::U8(s) => shm.all_reduce(s, op, seq, deadline),
+                }
+                .map_err(|e| fail(shm_failure(e))),
+                None => match buf {
+                    HostBuf::F32(s) => ring_all_reduce(l, rank, n, s, op, fail),
+                    HostBuf::F64(s) => ring_all_reduce(l, rank, n, s, op, fail),
+                    HostBuf::F16(s) => ring_all_reduce(l, rank, n, s, op, fail),
+                    HostBuf::BF16(s) => ring_all_reduce(l, rank, n, s, op, fail),
+                    HostBuf::I64(s) => ring_all_reduce(l, rank, n, s, op, fail),
+                    HostBuf::U8(s) => ring_all_reduce(l, rank, n, s, op, fail),
+                },
+            }
         })
     }
 

@@ -33,7 +33,6 @@
 //!   Without it, [`Nccl::new`] returns [`DistError::NotCompiledWithCuda`].
 #![deny(missing_docs)]
 
-mod cma;
 mod comm;
 #[cfg(feature = "cuda")]
 mod cuda_tensor;
@@ -48,6 +47,7 @@ mod nccl;
 mod nccl;
 mod optimizer;
 mod setup;
+mod shm;
 mod store;
 mod sync;
 mod tensor;
@@ -56,7 +56,7 @@ mod world;
 
 pub use comm::{Communicator, CommunicatorExt, DEFAULT_TIMEOUT, DType, Element, HostBuf, ReduceOp};
 pub use error::{DistError, Result};
-pub use host::{ADDR_ENV, CMA_ENV, Host, THREADS_ENV};
+pub use host::{ADDR_ENV, Host, SHM_ENV};
 pub use launcher::{
     LaunchConfig, is_worker_env, launch, launch_or_run, should_draw_progress, visible_cuda_devices,
 };

@@ -173,30 +173,58 @@ fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
 
+/// Every rank reported `transport` for its communicator.
+fn assert_transport(out: &[Outcome], transport: &str) {
+    for o in out {
+        let line = o.stdout.lines().find(|l| l.starts_with("TRANSPORT "));
+        assert_eq!(
+            line,
+            Some(format!("TRANSPORT {transport}").as_str()),
+            "{}",
+            o.stderr
+        );
+    }
+}
+
 #[test]
 fn collectives_agree_with_reference_on_2_3_4_processes() {
     for n in [2, 3, 4] {
         let out = run_ok(n, &|_| strings(&["collectives"]));
         assert_same_checksum(n, &out);
+        // Same machine: large all-reduces went through shared memory (segments of up to 8 MB,
+        // more than one 4 MiB slot, are in the checksum).
+        assert_transport(&out, "tcp ring + shared memory");
     }
 }
 
 #[test]
-fn collectives_with_several_copy_threads_per_rank() {
+fn collectives_over_the_tcp_ring_without_shared_memory() {
     for n in [2, 3] {
-        let out = run_ok_env(n, &[("BURN_DIST_HOST_THREADS", "3")], &|_| {
-            strings(&["collectives"])
-        });
+        let out = run_ok_env(n, &[("BURN_DIST_SHM", "0")], &|_| strings(&["collectives"]));
         assert_same_checksum(n, &out);
+        assert_transport(&out, "tcp ring");
     }
 }
 
 #[test]
-fn collectives_over_the_tcp_ring_without_cross_memory_reads() {
-    for n in [2, 3] {
-        let out = run_ok_env(n, &[("BURN_DIST_CMA", "0")], &|_| strings(&["collectives"]));
-        assert_same_checksum(n, &out);
-    }
+fn shared_memory_segments_are_unlinked_once_mapped() {
+    let before = shm_files();
+    let out = run_ok(2, &|_| strings(&["collectives"]));
+    assert_transport(&out, "tcp ring + shared memory");
+    let after = shm_files();
+    let left: Vec<_> = after.difference(&before).collect();
+    assert!(left.is_empty(), "segments left in /dev/shm: {left:?}");
+}
+
+fn shm_files() -> std::collections::BTreeSet<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("burn-dist-"))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn params(o: &Outcome) -> Vec<f32> {
@@ -270,7 +298,7 @@ fn killed_rank_is_named_by_every_other_rank() {
 
 #[test]
 fn killed_rank_is_named_over_the_tcp_ring() {
-    killed_rank_is_named(&[("BURN_DIST_CMA", "0")]);
+    killed_rank_is_named(&[("BURN_DIST_SHM", "0")]);
 }
 
 fn killed_rank_is_named(env: &[(&str, &str)]) {

@@ -176,6 +176,7 @@ fn collectives() -> burn_dist::Result<()> {
             (0..comm.world_size()).sum::<usize>() as f64
         ]
     );
+    println!("TRANSPORT {}", comm.transport());
     println!("CHECKSUM {checksum:016x}");
     Ok(())
 }
