@@ -309,6 +309,13 @@ impl Host {
             Ok(all[0] == 1)
         };
         let own = willing.then(|| crate::shm::create(&name, self.rank));
+        if let Some(Err(e)) = &own {
+            eprintln!(
+                "[burn-dist rank {}] no shared-memory segment in /dev/shm ({e}); same-machine \
+                 all-reduces use the TCP ring",
+                self.rank
+            );
+        }
         let created = unanimous(matches!(own, Some(Ok(_))))?;
         let maps: Option<Vec<memmap2::MmapMut>> = match own {
             Some(Ok(own)) if created => {

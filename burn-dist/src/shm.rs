@@ -91,12 +91,25 @@ pub(crate) fn create(name: &str, rank: usize) -> io::Result<MmapMut> {
         .create_new(true)
         .mode(0o600)
         .open(&path)?;
-    let sized = file.set_len(SEGMENT_BYTES as u64).and_then(|()| {
+    let sized = reserve(&file).and_then(|()| {
         // SAFETY: the file is ours (created just now, mode 0600) and sized; the mapping is only
         // ever accessed through `Segments`, which treats its contents as plain bytes and atomics.
         unsafe { MmapMut::map_mut(&file) }
     });
     sized.inspect_err(|_| unlink(name, rank))
+}
+
+/// Allocates the segment's pages now: a `/dev/shm` too small for it (64 MiB in a default Docker
+/// container) is an error here, and the job keeps to TCP, instead of a SIGBUS at the first write.
+fn reserve(file: &std::fs::File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `file` owns a valid descriptor for the duration of the call.
+    let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, SEGMENT_BYTES as libc::off_t) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(r))
+    }
 }
 
 /// Maps peer `rank`'s segment `name`.
