@@ -7,8 +7,8 @@ use crate::error::{DistError, Result};
 use crate::tensor::{CollectiveBackend, Compression};
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Tensor, TensorData};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -234,9 +234,25 @@ impl GradientSync {
         &self.config
     }
 
+    /// Horovod's `gradient_predivide_factor`, or the world size when gradients travel in 16 bits
+    /// and no factor was chosen (1.0): a sum of many fp16 gradients can overflow, the sum of
+    /// their world-size shares cannot.
+    fn predivide_factor(&self, world: usize) -> f64 {
+        let f = self.config.gradient_predivide_factor;
+        if f > 0.0 && f != 1.0 {
+            f
+        } else if self.config.compression != Compression::None {
+            world as f64
+        } else {
+            1.0
+        }
+    }
+
     /// Averages `grads` (of `module`'s parameters) across all ranks and returns them, keyed by this
-    /// process's parameter ids. Parameters without a gradient on this rank contribute zeros (and
-    /// receive the average). The first call verifies that every rank has the same model.
+    /// process's parameter ids. A parameter without a gradient on this rank contributes zeros; a
+    /// parameter with no gradient on any rank gets none (so the optimizer leaves it alone, as in
+    /// a world of one). Each bucket carries one has-gradient flag per parameter for that. The
+    /// first call verifies that every rank has the same model.
     ///
     /// # Errors
     /// [`DistError::ModelMismatch`] at the first call when models differ; the communicator's
@@ -251,20 +267,39 @@ impl GradientSync {
             verify_same_model::<B, M>(&*self.comm, module)?;
             self.verified = true;
         }
-        let world = self.comm.world_size();
         let mut collect = Collect::<B> {
             grads: &mut grads,
             out: Vec::new(),
         };
         module.visit(&mut collect);
         let entries = collect.out;
-        let f = if self.config.gradient_predivide_factor > 0.0 {
-            self.config.gradient_predivide_factor
+        let reduced = if self.comm.skips_collectives() {
+            entries
+                .into_iter()
+                .filter_map(|e| Some((e.id, e.grad?)))
+                .collect()
         } else {
-            1.0
+            self.reduce_buckets::<B::InnerBackend>(entries)?
         };
+        let mut register = Register::<B> {
+            grads: &mut grads,
+            reduced,
+        };
+        module.visit(&mut register);
+        Ok(grads)
+    }
+
+    /// Packs the gradients into buckets (each followed by its parameters' has-gradient flags),
+    /// all-reduces them in one call, and unpacks the averages of the parameters that had a
+    /// gradient on some rank.
+    fn reduce_buckets<B: CollectiveBackend>(
+        &self,
+        entries: Vec<Entry<B>>,
+    ) -> Result<HashMap<ParamId, Tensor<B, 1>>> {
+        let world = self.comm.world_size();
+        let f = self.predivide_factor(world);
         let max_elems = (self.config.bucket_bytes / 4).max(1);
-        let mut buckets: Vec<&[Entry<B::InnerBackend>]> = Vec::new();
+        let mut buckets: Vec<&[Entry<B>]> = Vec::new();
         let mut start = 0;
         while start < entries.len() {
             let mut end = start;
@@ -276,10 +311,10 @@ impl GradientSync {
             buckets.push(&entries[start..end]);
             start = end;
         }
-        let mut flats: Vec<Tensor<B::InnerBackend, 1>> = buckets
+        let flats: Vec<Tensor<B, 1>> = buckets
             .iter()
             .map(|bucket| {
-                let parts: Vec<Tensor<B::InnerBackend, 1>> = bucket
+                let parts: Vec<Tensor<B, 1>> = bucket
                     .iter()
                     .map(|e| {
                         e.grad
@@ -287,45 +322,52 @@ impl GradientSync {
                             .unwrap_or_else(|| Tensor::zeros([e.numel], &e.device))
                     })
                     .collect();
-                Tensor::cat(parts, 0)
+                let mut flat = Tensor::cat(parts, 0);
+                if f != 1.0 {
+                    flat = flat.div_scalar(f);
+                }
+                let flags: Vec<f32> = bucket
+                    .iter()
+                    .map(|e| if e.grad.is_some() { 1.0 } else { 0.0 })
+                    .collect();
+                let flags = Tensor::from_data(
+                    TensorData::new(flags, [bucket.len()]),
+                    (&bucket[0].device, flat.dtype()),
+                );
+                Tensor::cat(vec![flat, flags], 0)
             })
             .collect();
-        if !self.comm.skips_collectives() {
-            if f != 1.0 {
-                flats = flats.into_iter().map(|t| t.div_scalar(f)).collect();
-            }
-            // All buckets in one call: a device backend launches them together and waits once.
-            flats = B::InnerBackend::all_reduce_floats(
-                &*self.comm,
-                flats,
-                ReduceOp::Sum,
-                self.config.compression,
-            )?;
-            flats = flats
-                .into_iter()
-                .map(|t| t.mul_scalar(f / world as f64))
-                .collect();
-        }
+        // All buckets in one call: a device backend launches them together and waits once.
+        let flats =
+            B::all_reduce_floats(&*self.comm, flats, ReduceOp::Sum, self.config.compression)?;
+        // Reading the flags back costs a device round trip: only needed when some parameter has
+        // no gradient here (otherwise every count is at least this rank's 1).
+        let everywhere = entries.iter().all(|e| e.grad.is_some());
         let mut reduced = HashMap::with_capacity(entries.len());
         for (bucket, flat) in buckets.iter().zip(flats) {
+            let elems: usize = bucket.iter().map(|e| e.numel).sum();
+            let flat = flat.mul_scalar(f / world as f64);
+            let counts: Vec<f32> = if everywhere {
+                vec![1.0; bucket.len()]
+            } else {
+                flat.clone()
+                    .narrow(0, elems, bucket.len())
+                    .into_data()
+                    .convert::<f32>()
+                    .into_vec::<f32>()
+                    .map_err(|e| DistError::TensorData {
+                        op: "reading the has-gradient flags",
+                        detail: format!("{e:?}"),
+                    })?
+            };
             let mut off = 0;
-            for e in bucket.iter() {
-                reduced.insert(
-                    e.id,
-                    if bucket.len() == 1 {
-                        flat.clone()
-                    } else {
-                        flat.clone().narrow(0, off, e.numel)
-                    },
-                );
+            for (e, count) in bucket.iter().zip(counts) {
+                if count > 0.0 {
+                    reduced.insert(e.id, flat.clone().narrow(0, off, e.numel));
+                }
                 off += e.numel;
             }
         }
-        let mut register = Register::<B> {
-            grads: &mut grads,
-            reduced,
-        };
-        module.visit(&mut register);
-        Ok(grads)
+        Ok(reduced)
     }
 }

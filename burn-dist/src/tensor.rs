@@ -95,6 +95,7 @@ pub fn host_all_reduce<B: Backend>(
         return Ok(tensor);
     }
     let device = tensor.device();
+    let dtype = tensor.dtype();
     let mut v = read_f32("all_reduce", tensor)?;
     match compression {
         Compression::None => comm.all_reduce(HostBuf::F32(&mut v), op)?,
@@ -110,7 +111,7 @@ pub fn host_all_reduce<B: Backend>(
         }
     }
     let n = v.len();
-    Ok(Tensor::from_data(TensorData::new(v, [n]), &device))
+    Ok(Tensor::from_data(TensorData::new(v, [n]), (&device, dtype)))
 }
 
 /// Host-staged broadcast of a float tensor (the default of [`CollectiveBackend`]).
@@ -126,10 +127,11 @@ pub fn host_broadcast<B: Backend>(
         return Ok(tensor);
     }
     let device = tensor.device();
+    let dtype = tensor.dtype();
     let mut v = read_f32("broadcast", tensor)?;
     comm.broadcast(HostBuf::F32(&mut v), root)?;
     let n = v.len();
-    Ok(Tensor::from_data(TensorData::new(v, [n]), &device))
+    Ok(Tensor::from_data(TensorData::new(v, [n]), (&device, dtype)))
 }
 
 impl CollectiveBackend for burn::backend::Flex {}

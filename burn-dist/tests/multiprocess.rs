@@ -561,7 +561,7 @@ fn launcher_forwards_sigterm_and_stops_all_ranks() {
 }
 
 #[test]
-fn parameters_without_a_gradient_on_some_ranks_contribute_zeros() {
+fn parameters_without_a_gradient_contribute_zeros_or_get_none() {
     let out = run_ok(3, &|_| strings(&["unused"]));
     let p: Vec<Vec<f32>> = out.iter().map(params).collect();
     assert!(p.iter().all(|x| *x == p[0]), "ranks must agree");
@@ -569,6 +569,11 @@ fn parameters_without_a_gradient_on_some_ranks_contribute_zeros() {
         assert!(
             o.stdout.contains("HEAD_CHANGED true"),
             "the head gets rank 0's averaged gradient everywhere: {}",
+            o.stdout
+        );
+        assert!(
+            o.stdout.contains("SPARE_CHANGED false"),
+            "a parameter no rank used gets no gradient, so weight decay leaves it alone: {}",
             o.stdout
         );
     }

@@ -176,6 +176,22 @@ fn collectives() -> burn_dist::Result<()> {
             (0..comm.world_size()).sum::<usize>() as f64
         ]
     );
+    // Tensors keep their dtype through the host path.
+    let device = Default::default();
+    let half = burn::tensor::Tensor::<burn::backend::Flex, 1>::from_data(
+        burn::tensor::TensorData::new(vec![1.5f32; 7], [7]),
+        (&device, burn::tensor::DType::F16),
+    );
+    assert_eq!(half.dtype(), burn::tensor::DType::F16);
+    let summed = <burn::backend::Flex as burn_dist::CollectiveBackend>::all_reduce_float(
+        comm,
+        half,
+        ReduceOp::Sum,
+        burn_dist::Compression::None,
+    )?;
+    assert_eq!(summed.dtype(), burn::tensor::DType::F16);
+    let values = summed.into_data().convert::<f32>().to_vec::<f32>().unwrap();
+    assert_eq!(values, vec![1.5 * comm.world_size() as f32; 7]);
     println!("TRANSPORT {}", comm.transport());
     println!("CHECKSUM {checksum:016x}");
     Ok(())
@@ -375,9 +391,13 @@ fn state() -> burn_dist::Result<()> {
 struct TwoHeads<B: Backend> {
     body: Linear<B>,
     head: Linear<B>,
+    /// Used by no rank.
+    spare: Linear<B>,
 }
 
 /// Rank 0 uses `head`, the others do not (no gradient): they must contribute zeros, not hang.
+/// No rank uses `spare`: with weight decay it would still move if it got a (zero) gradient; it
+/// must get none.
 fn unused() -> burn_dist::Result<()> {
     let dist = burn_dist::init(&World::from_env()?, &options())?;
     let device = Default::default();
@@ -385,12 +405,17 @@ fn unused() -> burn_dist::Result<()> {
     let model = TwoHeads::<TB> {
         body: LinearConfig::new(8, 4).init(&device),
         head: LinearConfig::new(4, 4).init(&device),
+        spare: LinearConfig::new(4, 4).init(&device),
     };
     let model = burn_dist::broadcast_parameters(dist.comm.as_ref(), model, 0)?;
     let mut before = Dump(Vec::new());
     model.head.visit(&mut before);
+    let mut spare_before = Dump(Vec::new());
+    model.spare.visit(&mut spare_before);
     let mut opt = DistributedOptimizer::new(
-        SgdConfig::new().init(),
+        SgdConfig::new()
+            .with_weight_decay(Some(burn::optim::decay::WeightDecayConfig::new(0.1)))
+            .init(),
         dist.comm.clone(),
         DistributedConfig::default(),
     );
@@ -408,6 +433,9 @@ fn unused() -> burn_dist::Result<()> {
     let mut after = Dump(Vec::new());
     model.head.visit(&mut after);
     println!("HEAD_CHANGED {}", before.0 != after.0);
+    let mut spare_after = Dump(Vec::new());
+    model.spare.visit(&mut spare_after);
+    println!("SPARE_CHANGED {}", spare_before.0 != spare_after.0);
     Ok(())
 }
 
