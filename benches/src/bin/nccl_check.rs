@@ -289,8 +289,9 @@ mod check {
         }
     }
 
-    /// A call NCCL rejects (root 5 in a one-rank communicator) breaks the communicator; the next,
-    /// valid, call must answer `Broken` naming that first cause.
+    /// A call NCCL rejects (root 5 of a one-rank communicator, passed straight to NCCL by device
+    /// pointer) breaks the communicator; the next, valid, call must answer `Broken` naming that
+    /// first cause.
     fn broken_after_error() -> Result<String> {
         let options = DistOptions {
             backend: CommBackend::Nccl,
@@ -298,17 +299,31 @@ mod check {
             timeout: Duration::from_secs(30),
         };
         let dist = burn_dist::init(&World::single(), &options)?;
-        let mut data = vec![1.0f32; 16];
-        let first = dist
+        let nccl = dist
             .comm
-            .broadcast(burn_dist::HostBuf::F32(&mut data), 5)
-            .err()
-            .ok_or_else(|| anyhow!("broadcast from root 5 of 1 succeeded"))?;
+            .as_nccl()
+            .ok_or_else(|| anyhow!("no NCCL communicator"))?;
+        let stream = CudaContext::new(0)?.default_stream();
+        let buffer: Arc<CudaSlice<f32>> = Arc::new(stream.alloc_zeros(16)?);
+        let (ptr, _record) = buffer.device_ptr(&stream);
+        let call = DeviceCall {
+            collective: Collective::Broadcast { root: 5 },
+            send: ptr,
+            recv: ptr,
+            count: 16,
+            dtype: DType::F32,
+        };
+        // SAFETY: 16 live f32 on device 0, kept alive by the keep-alive's reference.
+        let first =
+            unsafe { nccl.run_device("bad root", vec![call], Box::new(Arc::clone(&buffer))) }
+                .err()
+                .ok_or_else(|| anyhow!("broadcast from root 5 of 1 succeeded"))?;
+        let mut data = vec![1.0f32; 16];
         match dist
             .comm
             .all_reduce(burn_dist::HostBuf::F32(&mut data), ReduceOp::Sum)
         {
-            Err(DistError::Broken { first: cause, .. }) if cause.contains("ncclBroadcast") => Ok(
+            Err(DistError::Broken { first: cause, .. }) if cause.contains("bad root") => Ok(
                 format!("first error: {first}; later call: Broken ({cause})"),
             ),
             other => Err(anyhow!("after {first}: expected Broken, got {other:?}")),
