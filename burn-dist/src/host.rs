@@ -38,11 +38,83 @@ const OP_ALL_REDUCE: u8 = 1;
 const OP_BROADCAST: u8 = 2;
 const OP_ALL_GATHER: u8 = 3;
 
+/// Longest single wait on a ring socket: between waits the deadline is checked again, so a peer
+/// that trickles bytes cannot stretch a collective past it.
+const WAIT_SLICE: Duration = Duration::from_secs(1);
+
+/// A ring connection whose reads and writes fail once the current collective's deadline passes,
+/// however the peer paces its bytes (a socket timeout alone restarts with every byte).
+struct Link {
+    stream: TcpStream,
+    deadline: Instant,
+    /// The socket timeout last set, to skip redundant `setsockopt` calls.
+    read_wait: Option<Duration>,
+    write_wait: Option<Duration>,
+}
+
+impl Link {
+    fn new(stream: TcpStream) -> Self {
+        Self {
+            stream,
+            deadline: Instant::now(),
+            read_wait: None,
+            write_wait: None,
+        }
+    }
+
+    /// The wait for the next socket call: the time left, at most [`WAIT_SLICE`]; `None` once
+    /// the deadline has passed.
+    fn next_wait(&self) -> Option<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        (!left.is_zero()).then(|| left.min(WAIT_SLICE))
+    }
+
+    fn expired() -> io::Error {
+        io::Error::new(io::ErrorKind::TimedOut, "the collective's deadline passed")
+    }
+}
+
+impl Read for Link {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let wait = self.next_wait().ok_or_else(Self::expired)?;
+            if self.read_wait != Some(wait) && (wait < WAIT_SLICE || self.read_wait.is_none()) {
+                self.stream.set_read_timeout(Some(wait))?;
+                self.read_wait = Some(wait);
+            }
+            match self.stream.read(buf) {
+                Err(e) if is_timeout(&e) => continue,
+                r => return r,
+            }
+        }
+    }
+}
+
+impl Write for Link {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        loop {
+            let wait = self.next_wait().ok_or_else(Self::expired)?;
+            if self.write_wait != Some(wait) && (wait < WAIT_SLICE || self.write_wait.is_none()) {
+                self.stream.set_write_timeout(Some(wait))?;
+                self.write_wait = Some(wait);
+            }
+            match self.stream.write(buf) {
+                Err(e) if is_timeout(&e) => continue,
+                r => return r,
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
+}
+
 struct Links {
     /// To rank `rank + 1`.
-    next: TcpStream,
+    next: Link,
     /// From rank `rank - 1`.
-    prev: TcpStream,
+    prev: Link,
     seq: u64,
     broken: Option<String>,
     /// Every rank's shared-memory segment, when all ranks are on this machine.
@@ -203,8 +275,8 @@ impl Host {
             timeout,
             store: Some(store),
             links: Some(Mutex::new(Links {
-                next,
-                prev,
+                next: Link::new(next),
+                prev: Link::new(prev),
                 seq: 0,
                 broken: None,
                 shm: None,
@@ -348,7 +420,7 @@ impl Host {
         self.timeout = timeout;
         if let Some(l) = &self.links {
             let l = l.lock().unwrap_or_else(|e| e.into_inner());
-            for s in [&l.next, &l.prev] {
+            for s in [&l.next.stream, &l.prev.stream] {
                 tune(s, timeout)
                     .map_err(|e| io_err(self.rank, "setting socket timeouts", "", e))?;
             }
@@ -379,12 +451,16 @@ impl Host {
             });
         }
         links.seq += 1;
+        // One deadline for the whole collective, whatever the peers' pace.
+        let deadline = Instant::now() + self.timeout;
+        links.next.deadline = deadline;
+        links.prev.deadline = deadline;
         let fail = |e: RingError| self.explain(op, e);
         let result = f(&mut links, &fail);
         let Err(err) = result else { return Ok(()) };
         links.broken = Some(err.to_string());
-        let _ = links.next.shutdown(Shutdown::Both);
-        let _ = links.prev.shutdown(Shutdown::Both);
+        let _ = links.next.stream.shutdown(Shutdown::Both);
+        let _ = links.prev.stream.shutdown(Shutdown::Both);
         if self.rank == 0 {
             // Rank 0 serves the store: keep it up a moment so the other ranks can read the root
             // cause before this process (typically) exits on the error.
@@ -555,7 +631,7 @@ fn ring_pass<T: Element>(
     links: &mut Links,
     hdr: [u8; 32],
     inline: bool,
-    body: impl FnOnce(&mut TcpStream, &mut Out<'_, T>, &mpsc::Receiver<Vec<T>>) -> Result<(), RingError>,
+    body: impl FnOnce(&mut Link, &mut Out<'_, T>, &mpsc::Receiver<Vec<T>>) -> Result<(), RingError>,
     fail: &Fail<'_>,
 ) -> Result<(), DistError> {
     let next = &mut links.next;
@@ -579,8 +655,14 @@ fn ring_pass<T: Element>(
         };
         return run().map_err(fail);
     }
-    let prev_shut = prev.try_clone().map_err(|e| fail(RingError::Recv(e)))?;
-    let next_shut = next.try_clone().map_err(|e| fail(RingError::Send(e)))?;
+    let prev_shut = prev
+        .stream
+        .try_clone()
+        .map_err(|e| fail(RingError::Recv(e)))?;
+    let next_shut = next
+        .stream
+        .try_clone()
+        .map_err(|e| fail(RingError::Send(e)))?;
     let sender_failed = AtomicBool::new(false);
     let sender_failed = &sender_failed;
     let (tx, rx) = mpsc::channel::<Msg<T>>();
@@ -641,7 +723,7 @@ fn ring_pass<T: Element>(
 /// Where a ring pass's outgoing messages go: the sender thread, or straight to the socket.
 enum Out<'a, T> {
     Thread(mpsc::Sender<Msg<T>>),
-    Inline(&'a mut TcpStream),
+    Inline(&'a mut Link),
 }
 
 impl<T: Element> Out<'_, T> {
@@ -667,7 +749,7 @@ fn take_buf<T: Element>(pool: &mpsc::Receiver<Vec<T>>, len: usize) -> Vec<T> {
     v
 }
 
-fn recv_into<T: Element>(prev: &mut TcpStream, buf: &mut [T]) -> Result<(), RingError> {
+fn recv_into<T: Element>(prev: &mut Link, buf: &mut [T]) -> Result<(), RingError> {
     prev.read_exact(bytemuck::cast_slice_mut(buf))
         .map_err(RingError::Recv)
 }
@@ -975,5 +1057,90 @@ mod tests {
             assert_eq!(*x, (3 * (i % 7) + 3) as f32);
         }
         assert!(res.iter().all(|r| r == &res[0]));
+    }
+
+    /// A socket peer that sends one byte every 200 ms, forever.
+    fn trickler() -> (TcpStream, std::thread::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let handle = std::thread::spawn(move || {
+            if let Ok((mut s, _)) = listener.accept() {
+                while s.write_all(&[7]).is_ok() {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        });
+        (TcpStream::connect(addr).expect("connect"), handle)
+    }
+
+    #[test]
+    fn a_trickling_peer_cannot_stretch_a_read_past_the_deadline() {
+        let (stream, _peer) = trickler();
+        let mut link = Link::new(stream);
+        link.deadline = Instant::now() + Duration::from_millis(1500);
+        let start = Instant::now();
+        let mut buf = [0u8; 64];
+        let err = link
+            .read_exact(&mut buf)
+            .expect_err("64 bytes at 5 B/s cannot arrive in 1.5 s");
+        let waited = start.elapsed();
+        assert!(is_timeout(&err), "{err}");
+        assert!(
+            waited >= Duration::from_millis(1400) && waited < Duration::from_secs(4),
+            "gave up after {waited:?}, deadline 1.5 s"
+        );
+    }
+
+    /// Rank 0 is a real `Host`; the test plays rank 1 over the real protocol, then trickles the
+    /// first collective's header one byte per 200 ms. Rank 0 must fail at its deadline and name
+    /// rank 1, where a per-read socket timeout would have waited on and on.
+    #[test]
+    fn a_trickling_rank_fails_the_collective_at_its_deadline() {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("port");
+        let deadline = Duration::from_secs(3);
+        let rank0 = std::thread::spawn(move || {
+            let w = world(0, 2, port);
+            let store = Arc::new(Store::rendezvous(&w, deadline).expect("store"));
+            let start = Instant::now();
+            let result = Host::new(&w, store, deadline);
+            (result, start.elapsed())
+        });
+        let w1 = world(1, 2, port);
+        let store = Store::rendezvous(&w1, deadline).expect("store");
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let me = listener.local_addr().expect("addr");
+        store
+            .set("burn-dist/host/addr/1", me.to_string().as_bytes())
+            .expect("publish");
+        let theirs = store
+            .get("burn-dist/host/addr/0", deadline)
+            .expect("rank 0's address");
+        let theirs: SocketAddr = String::from_utf8_lossy(&theirs).parse().expect("address");
+        let mut to_rank0 = TcpStream::connect(theirs).expect("connect");
+        wire::write_frame(
+            &mut to_rank0,
+            &wire::handshake_bytes(ConnKind::Ring, 1, &w1.job_token),
+        )
+        .expect("handshake");
+        let (_from_rank0, _) = listener.accept().expect("rank 0 connects");
+        let trickle = std::thread::spawn(move || {
+            while to_rank0.write_all(&[0]).is_ok() {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        let (result, waited) = rank0.join().expect("rank 0");
+        match result {
+            Err(DistError::Timeout { peer: 1, .. }) => {}
+            other => panic!("expected a timeout naming rank 1, got {other:?}"),
+        }
+        assert!(
+            waited < deadline + Duration::from_secs(3),
+            "rank 0 gave up after {waited:?}, deadline {deadline:?}"
+        );
+        drop(store);
+        drop(trickle);
     }
 }
