@@ -144,29 +144,36 @@ pub enum HostBuf<'a> {
     U8(&'a mut [u8]),
 }
 
+/// Runs `$body` with `$s` bound to the typed slice inside a [`HostBuf`] (by value, `&` or
+/// `&mut`, as `$buf` is): the one place that lists the element types, so every generic operation
+/// on a buffer is one line.
+macro_rules! with_slice {
+    ($buf:expr, $s:ident => $body:expr) => {
+        match $buf {
+            $crate::comm::HostBuf::F32($s) => $body,
+            $crate::comm::HostBuf::F64($s) => $body,
+            $crate::comm::HostBuf::F16($s) => $body,
+            $crate::comm::HostBuf::BF16($s) => $body,
+            $crate::comm::HostBuf::I64($s) => $body,
+            $crate::comm::HostBuf::U8($s) => $body,
+        }
+    };
+}
+pub(crate) use with_slice;
+
+fn dtype_of<T: Element>(_: &[T]) -> DType {
+    T::DTYPE
+}
+
 impl HostBuf<'_> {
     /// Element type.
     pub fn dtype(&self) -> DType {
-        match self {
-            HostBuf::F32(_) => DType::F32,
-            HostBuf::F64(_) => DType::F64,
-            HostBuf::F16(_) => DType::F16,
-            HostBuf::BF16(_) => DType::BF16,
-            HostBuf::I64(_) => DType::I64,
-            HostBuf::U8(_) => DType::U8,
-        }
+        with_slice!(self, s => dtype_of(s))
     }
 
     /// Number of elements.
     pub fn len(&self) -> usize {
-        match self {
-            HostBuf::F32(s) => s.len(),
-            HostBuf::F64(s) => s.len(),
-            HostBuf::F16(s) => s.len(),
-            HostBuf::BF16(s) => s.len(),
-            HostBuf::I64(s) => s.len(),
-            HostBuf::U8(s) => s.len(),
-        }
+        with_slice!(self, s => s.len())
     }
 
     /// Whether there are no elements.
@@ -176,14 +183,7 @@ impl HostBuf<'_> {
 
     /// The raw bytes.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        match self {
-            HostBuf::F32(s) => bytemuck::cast_slice_mut(s),
-            HostBuf::F64(s) => bytemuck::cast_slice_mut(s),
-            HostBuf::F16(s) => bytemuck::cast_slice_mut(s),
-            HostBuf::BF16(s) => bytemuck::cast_slice_mut(s),
-            HostBuf::I64(s) => bytemuck::cast_slice_mut(s),
-            HostBuf::U8(s) => s,
-        }
+        with_slice!(self, s => bytemuck::cast_slice_mut(s))
     }
 }
 

@@ -2,7 +2,7 @@
 //! Baidu's ring all-reduce and NCCL's ring algorithm), chunked and pipelined: a sender thread
 //! writes to the next rank while the calling thread reads from the previous one and reduces.
 
-use crate::comm::{Communicator, DType, Element, HostBuf, ReduceOp};
+use crate::comm::{Communicator, DType, Element, HostBuf, ReduceOp, with_slice};
 use crate::error::{DistError, Result};
 use crate::store::Store;
 use crate::wire::{self, ConnKind};
@@ -941,23 +941,9 @@ impl Communicator for Host {
         self.run("all_reduce", |l, fail| {
             let seq = l.seq;
             match l.shm.as_mut().filter(|_| shared) {
-                Some(shm) => match buf {
-                    HostBuf::F32(s) => shm.all_reduce(s, op, seq, deadline),
-                    HostBuf::F64(s) => shm.all_reduce(s, op, seq, deadline),
-                    HostBuf::F16(s) => shm.all_reduce(s, op, seq, deadline),
-                    HostBuf::BF16(s) => shm.all_reduce(s, op, seq, deadline),
-                    HostBuf::I64(s) => shm.all_reduce(s, op, seq, deadline),
-                    HostBuf::U8(s) => shm.all_reduce(s, op, seq, deadline),
-                }
-                .map_err(|e| fail(shm_failure(e))),
-                None => match buf {
-                    HostBuf::F32(s) => ring_all_reduce(l, rank, n, s, op, fail),
-                    HostBuf::F64(s) => ring_all_reduce(l, rank, n, s, op, fail),
-                    HostBuf::F16(s) => ring_all_reduce(l, rank, n, s, op, fail),
-                    HostBuf::BF16(s) => ring_all_reduce(l, rank, n, s, op, fail),
-                    HostBuf::I64(s) => ring_all_reduce(l, rank, n, s, op, fail),
-                    HostBuf::U8(s) => ring_all_reduce(l, rank, n, s, op, fail),
-                },
+                Some(shm) => with_slice!(buf, s => shm.all_reduce(s, op, seq, deadline))
+                    .map_err(|e| fail(shm_failure(e))),
+                None => with_slice!(buf, s => ring_all_reduce(l, rank, n, s, op, fail)),
             }
         })
     }
