@@ -2,6 +2,10 @@
 """Compare burn-dist's host all-reduce with torch.distributed Gloo (run by hand, never by tests).
 
     python3 benches/compare_allreduce.py --nproc 2 [--max-bytes 268435456] [--skip-build]
+    python3 benches/compare_allreduce.py --exe before=/path/to/old/allreduce --exe after=target/release/allreduce
+
+Each `--exe LABEL=PATH` adds one of our binaries to the same run (e.g. before and after a change;
+`LABEL=PATH@VAR=VALUE` also sets an environment variable for it, e.g. `tcp=...@BURN_DIST_SHM=0`).
 
 Runs the same sweep as `benches/src/bin/allreduce.rs` (in-place f32 sum, 8 B .. max ×2, warm-up,
 then timed iterations; busbw = algbw * 2(n-1)/n as nccl-tests) with Gloo on 127.0.0.1 using
@@ -78,17 +82,30 @@ def run_gloo(args):
     return rows
 
 
-def run_ours(args):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if not args.skip_build:
-        subprocess.run(["cargo", "build", "--release", "-p", "benches", "--bin", "allreduce", "--no-default-features"],
-                       cwd=root, check=True)
-    exe = os.path.join(root, "target", "release", "allreduce")
+def run_ours(args, exe, env_extra):
+    env = dict(os.environ, **env_extra)
     out = subprocess.run([exe, "--nproc", str(args.nproc), "--backend", "host", "--json",
                           "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
                           "--warmup", str(args.warmup), "--iters", str(args.iters)],
-                         cwd=root, check=True, capture_output=True, text=True)
+                         check=True, capture_output=True, text=True, env=env)
     return [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
+
+
+def binaries(args):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not args.exe:
+        if not args.skip_build:
+            subprocess.run(["cargo", "build", "--release", "-p", "benches", "--bin", "allreduce",
+                            "--no-default-features"], cwd=root, check=True)
+        target = os.environ.get("CARGO_TARGET_DIR", os.path.join(root, "target"))
+        return [("ours", os.path.join(target, "release", "allreduce"), {})]
+    out = []
+    for spec in args.exe:
+        label, _, rest = spec.partition("=")
+        path, _, var = rest.partition("@")
+        env = dict([var.split("=", 1)]) if var else {}
+        out.append((label, path, env))
+    return out
 
 
 def table(title, rows):
@@ -109,18 +126,25 @@ def main():
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--skip-build", action="store_true", help="use the existing target/release/allreduce")
     ap.add_argument("--only", choices=["ours", "gloo"], help="run one side only")
+    ap.add_argument("--exe", action="append", help="LABEL=PATH[@VAR=VALUE] of an allreduce binary; repeatable")
     args = ap.parse_args()
-    ours = run_ours(args) if args.only != "gloo" else []
+    ours = [(label, run_ours(args, path, env)) for label, path, env in binaries(args)] if args.only != "gloo" else []
     gloo = run_gloo(args) if args.only != "ours" else []
-    if ours:
-        table(f"burn-dist host, {args.nproc} processes", ours)
+    for label, rows in ours:
+        table(f"burn-dist host ({label}), {args.nproc} processes", rows)
     if gloo:
         table(f"torch.distributed gloo, {args.nproc} processes", gloo)
     if ours and gloo:
-        print(f"# {'size(B)':>12} {'ours busbw':>12} {'gloo busbw':>12} {'ratio':>8}")
-        for a, b in zip(ours, gloo):
-            ratio = a["busbw_gbs"] / b["busbw_gbs"] if b["busbw_gbs"] > 0 else float("nan")
-            print(f"  {a['size']:>12} {a['busbw_gbs']:>12.3f} {b['busbw_gbs']:>12.3f} {ratio:>8.2f}")
+        heads = "".join(f" {label + ' busbw':>14} {'ratio':>6}" for label, _ in ours)
+        print(f"# {'size(B)':>12} {'gloo busbw':>12}{heads}")
+        for i, g in enumerate(gloo):
+            cells = ""
+            for _, rows in ours:
+                b = rows[i]["busbw_gbs"]
+                ratio = b / g["busbw_gbs"] if g["busbw_gbs"] > 0 else float("nan")
+                cells += f" {b:>14.3f} {ratio:>6.2f}"
+            print(f"  {g['size']:>12} {g['busbw_gbs']:>12.3f}{cells}")
+    print(f"# load average at the end: {os.getloadavg()}")
 
 
 if __name__ == "__main__":
