@@ -128,6 +128,7 @@ fn try_main<C: ClassifierConfig>(
         node_rank: args.node_rank,
         master_addr: args.master_addr.clone(),
         master_port: args.master_port,
+        rdzv_id: args.rdzv_id.clone(),
     };
     let world = burn_dist::launch_or_run(&launch)?;
     let backend = if use_cuda {
@@ -208,7 +209,7 @@ fn print_closing<C: ClassifierConfig>(summary: &RunSummary, quickstart: bool, co
             "\nNext:\n  ImageNet on every GPU of this node:\n    cargo run --release -p train -- \
              --train-dir ~/imagenet/train --val-dir ~/imagenet/validation\n  \
              Two nodes with 8 GPUs each (run on each node, node-rank 0 and 1):\n    \
-             cargo run --release -p train -- --nnodes 2 --node-rank 0 --master-addr <node0> --nproc-per-node 8\n  \
+             cargo run --release -p train -- --nnodes 2 --node-rank 0 --master-addr <node0> --rdzv-id <job> --nproc-per-node 8\n  \
              Several CPU processes on this machine:\n    cargo run --release -p train -- --nproc-per-node 2 --no-cuda"
         );
     }
