@@ -95,6 +95,9 @@ pub fn main_with<C: ClassifierConfig>(
                 source = cause.source();
             }
             eprintln!("{message}");
+            if let Err(e) = crate::elastic::record_failure(&error, &message) {
+                eprintln!("could not write torchrun's error file: {e}");
+            }
             ExitCode::FAILURE
         }
     }

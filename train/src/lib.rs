@@ -9,6 +9,7 @@
 mod app;
 pub mod checkpoint;
 pub mod cli;
+pub mod elastic;
 mod error;
 mod model;
 pub mod progress;
