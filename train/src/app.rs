@@ -1,7 +1,7 @@
 //! The binary's body: flags, quickstart, launcher, backend choice, then [`crate::run`]. Exposed
 //! so that a user's own binary is one call, [`main_with`].
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use burn::backend::{Autodiff, Flex};
@@ -36,6 +36,26 @@ pub fn synthetic_cache_dir() -> PathBuf {
     base.join("burn-horovod").join("synthetic-imagenet-v1")
 }
 
+/// Generates the quickstart's dataset, once per machine: under torchrun or srun every process
+/// starts here at the same moment, so the first to take the lock writes it and the others wait,
+/// then reuse it.
+fn generate_synthetic_once(cache: &Path) -> Result<data::synthetic::SyntheticSummary, TrainError> {
+    let lock_path = cache.with_extension("lock");
+    let lock_err = |source| TrainError::Log {
+        path: lock_path.clone(),
+        source,
+    };
+    if let Some(parent) = lock_path.parent() {
+        std::fs::create_dir_all(parent).map_err(lock_err)?;
+    }
+    let lock = std::fs::File::create(&lock_path).map_err(lock_err)?;
+    lock.lock().map_err(lock_err)?;
+    Ok(data::synthetic::generate(
+        cache,
+        &data::synthetic::SyntheticConfig::default(),
+    )?)
+}
+
 /// Parses the flags (with the quickstart applied when there is no ImageNet and no `--train-dir`).
 /// Returns the flags and whether the quickstart is on.
 ///
@@ -56,8 +76,8 @@ pub fn parse_args() -> Result<(TrainArgs, bool), TrainError> {
         }
     }
     let cache = synthetic_cache_dir();
-    let summary = data::synthetic::generate(&cache, &data::synthetic::SyntheticConfig::default())?;
-    if !burn_dist::is_worker_env() || std::env::var("RANK").as_deref() == Ok("0") {
+    let summary = generate_synthetic_once(&cache)?;
+    if !burn_dist::is_worker_env() || burn_dist::World::from_env().is_ok_and(|w| w.is_main()) {
         println!(
             "no ImageNet at {}: quickstart on the synthetic dataset in {} ({} train / {} val JPEGs, {})",
             args.train_dir.display(),
