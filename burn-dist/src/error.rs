@@ -50,6 +50,17 @@ pub enum DistError {
         /// The bind error.
         source: std::io::Error,
     },
+    /// The host of the rendezvous store does not resolve to an address.
+    #[error(
+        "MASTER_ADDR {host:?} does not resolve to an address on this host ({source}); set MASTER_ADDR \
+         (--master-addr) to a name or IP address of rank 0's host that every node can resolve"
+    )]
+    Resolve {
+        /// The host name.
+        host: String,
+        /// The resolver's error.
+        source: std::io::Error,
+    },
     /// Some ranks never arrived at a rendezvous point (store barrier, wait).
     #[error(
         "ranks {missing:?} did not reach {what} at {addr} within {}s; check that they were started, \
@@ -78,7 +89,8 @@ pub enum DistError {
     },
     /// The store connection failed or the server answered something unexpected.
     #[error(
-        "rendezvous store at {addr}: {detail}; rank 0 (which serves the store) may have exited"
+        "rendezvous store at {addr}: {detail}; the process serving the store (rank 0, or torchrun's \
+         agent) may have exited"
     )]
     Store {
         /// The store address.
@@ -91,7 +103,9 @@ pub enum DistError {
     },
     /// The store rejected the handshake (wrong token or version).
     #[error(
-        "rendezvous store at {addr} rejected rank {rank}'s handshake ({reason}); was this process started by the same launcher (BURN_DIST_JOB_TOKEN) and the same burn-dist version?"
+        "rendezvous store at {addr} rejected rank {rank}'s handshake ({reason}); was this process \
+         started by the same job (on several nodes, give every node's launcher the same --rdzv-id or \
+         BURN_DIST_JOB_TOKEN) and the same burn-dist version?"
     )]
     Handshake {
         /// The store address.

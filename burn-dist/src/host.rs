@@ -1007,6 +1007,7 @@ mod tests {
             master_addr: "127.0.0.1".into(),
             master_port: port,
             job_token: "t".into(),
+            rendezvous: crate::world::Rendezvous::OwnStore,
         }
     }
 

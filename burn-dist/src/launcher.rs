@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 /// How long workers get to exit after SIGTERM before SIGKILL.
 const GRACE: Duration = Duration::from_secs(5);
 
-/// Launcher options (torchrun's `--nproc-per-node --nnodes --node-rank --master-addr --master-port`).
+/// Launcher options (torchrun's `--nproc-per-node --nnodes --node-rank --master-addr --master-port
+/// --rdzv-id`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchConfig {
     /// Processes on this node; `None` = number of visible CUDA devices (with the `cuda` feature and
@@ -28,6 +29,10 @@ pub struct LaunchConfig {
     pub master_addr: String,
     /// Port of rank 0's rendezvous store; 0 on a single node picks a free port.
     pub master_port: u16,
+    /// Identity of the job, the same on every node (torchrun's `--rdzv-id`): the store admits only
+    /// ranks of this job. Needed with several nodes unless `BURN_DIST_JOB_TOKEN` is set; it is
+    /// not a secret (set `BURN_DIST_JOB_TOKEN` on networks shared with others).
+    pub rdzv_id: Option<String>,
 }
 
 impl Default for LaunchConfig {
@@ -38,7 +43,41 @@ impl Default for LaunchConfig {
             node_rank: 0,
             master_addr: "127.0.0.1".into(),
             master_port: DEFAULT_MASTER_PORT,
+            rdzv_id: None,
         }
+    }
+}
+
+/// The token every rank of the job presents to the store: the same on every node, from
+/// `--rdzv-id` and/or `BURN_DIST_JOB_TOKEN` (`env_token`); made up when the job has one node.
+///
+/// # Errors
+/// [`DistError::Launch`] with several nodes and neither given (each node would make up its own).
+fn job_token(config: &LaunchConfig, env_token: Option<String>) -> Result<String> {
+    let rdzv_id = config
+        .rdzv_id
+        .as_deref()
+        .map(str::trim)
+        .filter(|id| !id.is_empty());
+    let env_token = env_token.filter(|t| !t.is_empty());
+    match (rdzv_id, env_token) {
+        (Some(id), Some(secret)) => Ok(format!("{id}/{secret}")),
+        (Some(id), None) => Ok(id.to_string()),
+        (None, Some(secret)) => Ok(secret),
+        (None, None) if config.nnodes > 1 => Err(DistError::Launch {
+            detail: format!(
+                "--nnodes {} needs one job identity shared by every node's launcher: pass the same \
+                 --rdzv-id <ID> on every node (e.g. --rdzv-id $SLURM_JOB_ID, or any name unique to \
+                 this job), or export the same BURN_DIST_JOB_TOKEN=<secret> on every node",
+                config.nnodes
+            ),
+            source: None,
+        }),
+        (None, None) => Ok(format!(
+            "{:016x}{:016x}",
+            rand::random::<u64>(),
+            rand::random::<u64>()
+        )),
     }
 }
 
@@ -190,6 +229,7 @@ pub fn launch(config: &LaunchConfig, nproc: usize) -> Result<()> {
             source: None,
         });
     }
+    let token = job_token(config, std::env::var(JOB_TOKEN_ENV).ok())?;
     let mut port = config.master_port;
     if config.node_rank == 0 {
         let bind = format!("0.0.0.0:{port}");
@@ -214,13 +254,6 @@ pub fn launch(config: &LaunchConfig, nproc: usize) -> Result<()> {
         source: Some(e),
     })?;
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    let token = std::env::var(JOB_TOKEN_ENV).unwrap_or_else(|_| {
-        format!(
-            "{:016x}{:016x}",
-            rand::random::<u64>(),
-            rand::random::<u64>()
-        )
-    });
     let world_size = nproc * nnodes;
     install_signal_handlers();
     let mut children: Vec<(usize, Child)> = Vec::with_capacity(nproc);
@@ -339,6 +372,53 @@ fn terminate(children: &[(usize, Child)], running: &[bool], sig: libc::c_int) {
     for (i, (_, child)) in children.iter().enumerate() {
         if running[i] {
             send_signal(child, sig);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(nnodes: usize, rdzv_id: Option<&str>) -> LaunchConfig {
+        LaunchConfig {
+            nnodes,
+            rdzv_id: rdzv_id.map(str::to_string),
+            ..LaunchConfig::default()
+        }
+    }
+
+    #[test]
+    fn every_node_derives_the_same_token() {
+        let id = Some("job-42");
+        assert_eq!(job_token(&config(2, id), None).expect("id"), "job-42");
+        assert_eq!(
+            job_token(&config(2, None), Some("s3cret".into())).expect("env"),
+            "s3cret"
+        );
+        assert_eq!(
+            job_token(&config(2, id), Some("s3cret".into())).expect("both"),
+            "job-42/s3cret"
+        );
+        // One node: a fresh token per launch.
+        let a = job_token(&config(1, None), None).expect("single node");
+        let b = job_token(&config(1, None), None).expect("single node");
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 32);
+    }
+
+    #[test]
+    fn several_nodes_without_an_identity_say_how_to_fix_it() {
+        for (cfg, env) in [
+            (config(2, None), None),
+            (config(3, Some("  ")), Some(String::new())),
+        ] {
+            let e = job_token(&cfg, env).expect_err("no identity");
+            let text = e.to_string();
+            assert!(
+                text.contains("--rdzv-id") && text.contains("BURN_DIST_JOB_TOKEN"),
+                "{text}"
+            );
         }
     }
 }

@@ -6,7 +6,9 @@
 //! - [`launch_or_run`]: call first in `main`. Started by hand with `--nproc-per-node N`, it
 //!   re-executes the binary N times with torchrun's env (`RANK`, `WORLD_SIZE`, ...) and supervises
 //!   the workers; in a worker (or a single-process run) it returns the [`World`].
-//! - [`init`]: rendezvous through rank 0's [`Store`] and connect a [`Communicator`] ([`Host`]:
+//!   [`World::from_env`] reads torchrun's, SLURM's and OpenMPI's variables too.
+//! - [`init`]: rendezvous through the job's [`Store`] (torchrun's own store under torchrun, else
+//!   one served by rank 0) and connect a [`Communicator`] ([`Host`]:
 //!   TCP ring, cross-memory reads between processes of one machine; [`Nccl`] with feature `cuda`).
 //!   A world of one opens no port and every collective is a no-op, through the same code path.
 //! - [`DistributedOptimizer`]: wraps a Burn optimizer; averages gradients across ranks in
@@ -48,9 +50,12 @@ mod nccl;
 mod optimizer;
 mod setup;
 mod shm;
+mod slurm;
 mod store;
+mod store_server;
 mod sync;
 mod tensor;
+mod torch_store;
 mod wire;
 mod world;
 
@@ -71,4 +76,4 @@ pub use sync::{DEFAULT_BUCKET_BYTES, Fingerprint, GradientSync, SyncConfig, veri
 pub use tensor::{CollectiveBackend, Compression, host_all_reduce, host_broadcast};
 #[cfg(feature = "cuda")]
 pub use tensor::{CudaFused, CudaRaw};
-pub use world::{DEFAULT_MASTER_PORT, JOB_TOKEN_ENV, QUIET_ENV, World};
+pub use world::{DEFAULT_MASTER_PORT, JOB_TOKEN_ENV, QUIET_ENV, Rendezvous, World};

@@ -1,227 +1,88 @@
-//! Rendezvous key-value store served by rank 0 over TCP, like torch's `TCPStore`.
+//! The job's rendezvous store: a small key-value store (`set`, `get`, `wait`, `add`, `barrier`)
+//! that the ranks use to find each other, like torch's `TCPStore`.
 //!
-//! Every connection starts with a versioned handshake carrying the job token; then the client sends
-//! length-prefixed requests (`set`, `get`, `wait`, `add`) and reads one reply each. A connection
-//! that sends garbage, an unknown token or an oversized frame is dropped and logged; the job goes on.
+//! Who serves it depends on the launcher: torchrun's agent already serves a torch TCPStore, which
+//! every rank joins as a client ([`crate::torch_store`]) with its keys under a prefix of the run and
+//! restart; otherwise rank 0 serves burn-dist's own store ([`crate::store_server`]), whose
+//! connections start with a handshake carrying the job token.
 
 use crate::error::{DistError, Result};
+use crate::store_server::{OP_ADD, OP_GET, OP_SET, OP_WAIT, REPLY_OK, REPLY_REJECTED, Server};
+use crate::torch_store::TorchStore;
 use crate::wire::{self, ConnKind, Cursor};
-use crate::world::World;
-use std::collections::HashMap;
+use crate::world::{Rendezvous, World};
 use std::io;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Largest request or value the store accepts (values are small: addresses, ids, fingerprints).
 pub const MAX_STORE_MESSAGE: usize = 16 << 20;
 
-const OP_SET: u8 = 1;
-const OP_GET: u8 = 2;
-const OP_WAIT: u8 = 3;
-const OP_ADD: u8 = 4;
-const REPLY_OK: u8 = 0;
-const REPLY_MISSING: u8 = 1;
-const REPLY_REJECTED: u8 = 2;
-
-/// Time a new connection has to complete its handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-#[derive(Default)]
-struct Shared {
-    map: Mutex<HashMap<String, Vec<u8>>>,
-    changed: Condvar,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Vec<u8>>> {
-        // A poisoned lock only means a connection thread panicked; the map itself is consistent.
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
+/// `host:port`, with IPv6 literals in brackets.
+pub(crate) fn endpoint(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
 }
 
-/// The server side, running on rank 0. Stops accepting when dropped.
-struct Server {
-    stop: Arc<AtomicBool>,
-    addr: SocketAddr,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop.
-        let wake: SocketAddr = if self.addr.ip().is_unspecified() {
-            SocketAddr::from(([127, 0, 0, 1], self.addr.port()))
-        } else {
-            self.addr
-        };
-        let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
+/// Every address `host` resolves to, in the resolver's order.
+pub(crate) fn resolve(host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let addrs: Vec<SocketAddr> = (host, port).to_socket_addrs()?.collect();
+    if addrs.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{host} resolves to no address"),
+        ));
     }
+    Ok(addrs)
 }
 
-fn log(msg: &str) {
-    eprintln!("[burn-dist store] {msg}");
-}
-
-fn serve(listener: TcpListener, token: String, stop: Arc<AtomicBool>) {
-    let shared = Arc::new(Shared::default());
-    for conn in listener.incoming() {
-        if stop.load(Ordering::SeqCst) {
-            break;
-        }
-        let Ok(stream) = conn else { continue };
-        let shared = Arc::clone(&shared);
-        let token = token.clone();
-        let spawned = std::thread::Builder::new()
-            .name("burn-dist-store-conn".into())
-            .spawn(move || handle_conn(stream, &token, &shared));
-        if let Err(e) = spawned {
-            log(&format!("could not start a connection thread: {e}"));
+/// Connects to the first of `addrs` that accepts within `per_address` each; the last error when
+/// none does.
+pub(crate) fn connect_first(addrs: &[SocketAddr], per_address: Duration) -> io::Result<TcpStream> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address to connect to");
+    for a in addrs {
+        match TcpStream::connect_timeout(a, per_address) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = io::Error::new(e.kind(), format!("{a}: {e}")),
         }
     }
+    Err(last)
 }
 
-fn handle_conn(mut stream: TcpStream, token: &str, shared: &Shared) {
-    let peer = stream
-        .peer_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_else(|_| "?".into());
-    let _ = stream.set_nodelay(true);
-    let _ = stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
-    let hs = match wire::read_frame(&mut stream, wire::MAX_HANDSHAKE) {
-        Ok(hs) => hs,
-        Err(e) => {
-            log(&format!(
-                "dropped connection from {peer}: no valid handshake ({e})"
-            ));
-            return;
-        }
-    };
-    let rank = match wire::check_handshake(&hs, ConnKind::Store, token) {
-        Ok(r) => r,
-        Err(reason) => {
-            log(&format!("dropped connection from {peer}: {reason}"));
-            let mut reply = vec![REPLY_REJECTED];
-            reply.extend_from_slice(reason.as_bytes());
-            let _ = wire::write_frame(&mut stream, &reply);
-            let _ = stream.shutdown(Shutdown::Both);
-            return;
-        }
-    };
-    if wire::write_frame(&mut stream, &[REPLY_OK]).is_err() {
-        return;
-    }
-    let _ = stream.set_read_timeout(None);
-    loop {
-        let req = match wire::read_frame(&mut stream, MAX_STORE_MESSAGE) {
-            Ok(r) => r,
-            Err(e)
-                if e.kind() == io::ErrorKind::UnexpectedEof
-                    || e.kind() == io::ErrorKind::ConnectionReset =>
-            {
-                return;
-            }
-            Err(e) => {
-                log(&format!(
-                    "dropped connection of rank {rank} from {peer}: {e}"
-                ));
-                return;
-            }
-        };
-        let Some(reply) = handle_request(&req, shared) else {
-            log(&format!(
-                "dropped connection of rank {rank} from {peer}: malformed request"
-            ));
-            return;
-        };
-        if wire::write_frame(&mut stream, &reply).is_err() {
-            return;
-        }
-    }
+/// Connects to `host:port`, trying every address `host` resolves to (a name such as `localhost`
+/// may resolve to `::1` first while the server listens on `127.0.0.1` only).
+pub(crate) fn connect_any(host: &str, port: u16, timeout: Duration) -> io::Result<TcpStream> {
+    let per_address = timeout.clamp(Duration::from_millis(100), Duration::from_secs(5));
+    connect_first(&resolve(host, port)?, per_address)
 }
 
-fn handle_request(req: &[u8], shared: &Shared) -> Option<Vec<u8>> {
-    let mut c = Cursor::new(req);
-    match c.u8()? {
-        OP_SET => {
-            let key = c.str()?.to_string();
-            let value = c.rest().to_vec();
-            shared.lock().insert(key, value);
-            shared.changed.notify_all();
-            Some(vec![REPLY_OK])
-        }
-        OP_GET => {
-            let key = c.str()?;
-            match shared.lock().get(key) {
-                Some(v) => {
-                    let mut r = vec![REPLY_OK];
-                    r.extend_from_slice(v);
-                    Some(r)
-                }
-                None => Some(vec![REPLY_MISSING]),
-            }
-        }
-        OP_WAIT => {
-            let timeout = Duration::from_millis(c.u64()?);
-            let n = c.u32()? as usize;
-            let mut keys = Vec::with_capacity(n.min(1 << 16));
-            for _ in 0..n {
-                keys.push(c.str()?.to_string());
-            }
-            let deadline = Instant::now() + timeout;
-            let mut map = shared.lock();
-            loop {
-                let missing: Vec<&String> = keys.iter().filter(|k| !map.contains_key(*k)).collect();
-                if missing.is_empty() {
-                    return Some(vec![REPLY_OK]);
-                }
-                let now = Instant::now();
-                if now >= deadline {
-                    let mut r = vec![REPLY_MISSING];
-                    r.extend_from_slice(&(missing.len() as u32).to_le_bytes());
-                    for k in missing {
-                        wire::put_bytes(&mut r, k.as_bytes());
-                    }
-                    return Some(r);
-                }
-                map = shared
-                    .changed
-                    .wait_timeout(map, deadline - now)
-                    .map(|(g, _)| g)
-                    .unwrap_or_else(|e| e.into_inner().0);
-            }
-        }
-        OP_ADD => {
-            let key = c.str()?.to_string();
-            let delta = c.u64()? as i64;
-            let mut map = shared.lock();
-            let cur = map
-                .get(&key)
-                .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
-                .map(i64::from_le_bytes)
-                .unwrap_or(0);
-            let new = cur.wrapping_add(delta);
-            map.insert(key, new.to_le_bytes().to_vec());
-            drop(map);
-            shared.changed.notify_all();
-            let mut r = vec![REPLY_OK];
-            r.extend_from_slice(&new.to_le_bytes());
-            Some(r)
-        }
-        _ => None,
-    }
+enum Client {
+    /// burn-dist's own store; rank 0 also runs the server.
+    Own {
+        stream: Mutex<TcpStream>,
+        _server: Option<Server>,
+    },
+    /// torchrun's agent store, keys under `prefix`.
+    Torch {
+        client: Mutex<TorchStore>,
+        prefix: String,
+    },
 }
 
-/// A client of the job's store (and, on rank 0, its server).
+/// A client of the job's store (and, on rank 0 of a job without torchrun, its server).
 pub struct Store {
-    stream: Mutex<TcpStream>,
+    client: Client,
     addr: String,
     rank: usize,
     world_size: usize,
     timeout: Duration,
     barrier_gen: AtomicU64,
-    _server: Option<Server>,
 }
 
 impl std::fmt::Debug for Store {
@@ -234,13 +95,13 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    /// Starts the store on rank 0 (listening on all interfaces at `MASTER_PORT`), connects every
-    /// rank to it, and waits until all `world_size` ranks have arrived.
+    /// Joins the job's store (started first on rank 0 when no launcher serves one) and waits until
+    /// all `world_size` ranks have arrived.
     ///
     /// # Errors
     /// [`DistError::PortInUse`] on rank 0 when the port is taken; [`DistError::StoreConnect`] when
-    /// rank 0 cannot be reached within `timeout`; [`DistError::RendezvousTimeout`] naming the ranks
-    /// that never arrived.
+    /// the store cannot be reached within `timeout`; [`DistError::RendezvousTimeout`] naming the
+    /// ranks that never arrived.
     pub fn rendezvous(world: &World, timeout: Duration) -> Result<Self> {
         let store = Self::connect(world, timeout)?;
         store.barrier("rendezvous", timeout)?;
@@ -253,41 +114,53 @@ impl Store {
     /// As [`Store::rendezvous`], without the rendezvous timeout.
     pub fn connect(world: &World, timeout: Duration) -> Result<Self> {
         let addr = world.master_endpoint();
-        let server = if world.rank == 0 {
-            let bind = format!("0.0.0.0:{}", world.master_port);
-            let listener = TcpListener::bind(&bind).map_err(|source| DistError::PortInUse {
-                addr: bind.clone(),
-                source,
-            })?;
-            let local = listener
-                .local_addr()
-                .map_err(|source| DistError::PortInUse {
-                    addr: bind.clone(),
-                    source,
-                })?;
-            let stop = Arc::new(AtomicBool::new(false));
-            let stop2 = Arc::clone(&stop);
-            let token = world.job_token.clone();
-            std::thread::Builder::new()
-                .name("burn-dist-store".into())
-                .spawn(move || serve(listener, token, stop2))
-                .map_err(|source| DistError::Io {
-                    rank: 0,
-                    what: "starting the store thread".into(),
-                    addr: bind,
-                    source,
-                })?;
-            Some(Server { stop, addr: local })
-        } else {
-            None
+        let client = match &world.rendezvous {
+            Rendezvous::TorchAgentStore { key_prefix } => Client::Torch {
+                client: Mutex::new(TorchStore::connect(
+                    &world.master_addr,
+                    world.master_port,
+                    world.rank,
+                    timeout,
+                )?),
+                prefix: key_prefix.clone(),
+            },
+            Rendezvous::OwnStore => {
+                let server = if world.rank == 0 {
+                    let addrs =
+                        resolve(&world.master_addr, world.master_port).map_err(|source| {
+                            DistError::Resolve {
+                                host: world.master_addr.clone(),
+                                source,
+                            }
+                        })?;
+                    Some(Server::start(&addrs, world.master_port, &world.job_token)?)
+                } else {
+                    None
+                };
+                Client::Own {
+                    stream: Mutex::new(Self::connect_own(world, &addr, timeout)?),
+                    _server: server,
+                }
+            }
         };
+        Ok(Self {
+            client,
+            addr,
+            rank: world.rank,
+            world_size: world.world_size,
+            timeout,
+            barrier_gen: AtomicU64::new(0),
+        })
+    }
+
+    fn connect_own(world: &World, addr: &str, timeout: Duration) -> Result<TcpStream> {
         let start = Instant::now();
-        let stream = loop {
-            match Self::try_connect(&addr, world, timeout) {
-                Ok(s) => break s,
+        loop {
+            match Self::try_connect(world, timeout) {
+                Ok(s) => return Ok(s),
                 Err(ConnectError::Rejected(reason)) => {
                     return Err(DistError::Handshake {
-                        addr,
+                        addr: addr.to_string(),
                         rank: world.rank,
                         reason,
                     });
@@ -296,7 +169,7 @@ impl Store {
                     if start.elapsed() >= timeout {
                         return Err(DistError::StoreConnect {
                             rank: world.rank,
-                            addr,
+                            addr: addr.to_string(),
                             waited: timeout,
                             source: e,
                         });
@@ -304,35 +177,12 @@ impl Store {
                     std::thread::sleep(Duration::from_millis(100));
                 }
             }
-        };
-        Ok(Self {
-            stream: Mutex::new(stream),
-            addr,
-            rank: world.rank,
-            world_size: world.world_size,
-            timeout,
-            barrier_gen: AtomicU64::new(0),
-            _server: server,
-        })
+        }
     }
 
-    fn try_connect(
-        addr: &str,
-        world: &World,
-        timeout: Duration,
-    ) -> Result<TcpStream, ConnectError> {
-        let sa = addr
-            .to_socket_addrs()
-            .map_err(ConnectError::Io)?
-            .next()
-            .ok_or_else(|| {
-                ConnectError::Io(io::Error::new(
-                    io::ErrorKind::NotFound,
-                    "address did not resolve",
-                ))
-            })?;
-        let mut s =
-            TcpStream::connect_timeout(&sa, Duration::from_secs(5)).map_err(ConnectError::Io)?;
+    fn try_connect(world: &World, timeout: Duration) -> Result<TcpStream, ConnectError> {
+        let mut s = connect_any(&world.master_addr, world.master_port, timeout)
+            .map_err(ConnectError::Io)?;
         s.set_nodelay(true).map_err(ConnectError::Io)?;
         s.set_read_timeout(Some(timeout.max(Duration::from_secs(1))))
             .map_err(ConnectError::Io)?;
@@ -375,15 +225,19 @@ impl Store {
 
     /// Local address of the connection to the store: the interface peers can reach us on.
     pub(crate) fn local_ip(&self) -> Option<std::net::IpAddr> {
-        self.lock().local_addr().ok().map(|a| a.ip())
+        match &self.client {
+            Client::Own { stream, .. } => lock(stream).local_addr().ok().map(|a| a.ip()),
+            Client::Torch { client, .. } => lock(client).local_ip(),
+        }
     }
 
-    fn lock(&self) -> MutexGuard<'_, TcpStream> {
-        self.stream.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn request(&self, req: &[u8], read_timeout: Duration) -> Result<Vec<u8>> {
-        let mut s = self.lock();
+    fn request(
+        &self,
+        stream: &Mutex<TcpStream>,
+        req: &[u8],
+        read_timeout: Duration,
+    ) -> Result<Vec<u8>> {
+        let mut s = lock(stream);
         let io_err = |what: &str, e: io::Error| DistError::Store {
             addr: self.addr.clone(),
             detail: format!("{what} failed"),
@@ -419,11 +273,16 @@ impl Store {
                 source: None,
             });
         }
-        let mut req = vec![OP_SET];
-        wire::put_bytes(&mut req, key.as_bytes());
-        req.extend_from_slice(value);
-        self.request(&req, self.timeout)?;
-        Ok(())
+        match &self.client {
+            Client::Own { stream, .. } => {
+                let mut req = vec![OP_SET];
+                wire::put_bytes(&mut req, key.as_bytes());
+                req.extend_from_slice(value);
+                self.request(stream, &req, self.timeout)?;
+                Ok(())
+            }
+            Client::Torch { client, prefix } => lock(client).set(&format!("{prefix}{key}"), value),
+        }
     }
 
     /// Returns the value of `key`, or `None` when it is not set.
@@ -431,10 +290,15 @@ impl Store {
     /// # Errors
     /// [`DistError::Store`] when the store is unreachable.
     pub fn try_get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        let mut req = vec![OP_GET];
-        wire::put_bytes(&mut req, key.as_bytes());
-        let r = self.request(&req, self.timeout)?;
-        Ok((r[0] == REPLY_OK).then(|| r[1..].to_vec()))
+        match &self.client {
+            Client::Own { stream, .. } => {
+                let mut req = vec![OP_GET];
+                wire::put_bytes(&mut req, key.as_bytes());
+                let r = self.request(stream, &req, self.timeout)?;
+                Ok((r[0] == REPLY_OK).then(|| r[1..].to_vec()))
+            }
+            Client::Torch { client, prefix } => lock(client).try_get(&format!("{prefix}{key}")),
+        }
     }
 
     /// Waits until all `keys` are set; returns the keys still missing when `timeout` passes.
@@ -442,13 +306,31 @@ impl Store {
     /// # Errors
     /// [`DistError::Store`] when the store is unreachable.
     pub fn wait_missing(&self, keys: &[String], timeout: Duration) -> Result<Vec<String>> {
+        let stream = match &self.client {
+            Client::Own { stream, .. } => stream,
+            Client::Torch { client, prefix } => {
+                let full: Vec<String> = keys.iter().map(|k| format!("{prefix}{k}")).collect();
+                let refs: Vec<&str> = full.iter().map(String::as_str).collect();
+                let mut client = lock(client);
+                if client.wait(&refs, timeout)? {
+                    return Ok(Vec::new());
+                }
+                let mut missing = Vec::new();
+                for (key, full) in keys.iter().zip(&refs) {
+                    if !client.check(&[full])? {
+                        missing.push(key.clone());
+                    }
+                }
+                return Ok(missing);
+            }
+        };
         let mut req = vec![OP_WAIT];
         req.extend_from_slice(&(timeout.as_millis() as u64).to_le_bytes());
         req.extend_from_slice(&(keys.len() as u32).to_le_bytes());
         for k in keys {
             wire::put_bytes(&mut req, k.as_bytes());
         }
-        let r = self.request(&req, timeout + Duration::from_secs(10))?;
+        let r = self.request(stream, &req, timeout + Duration::from_secs(10))?;
         if r[0] == REPLY_OK {
             return Ok(Vec::new());
         }
@@ -469,6 +351,18 @@ impl Store {
     /// # Errors
     /// [`DistError::StoreTimeout`] after `timeout`; [`DistError::Store`] when unreachable.
     pub fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        if let Client::Torch { client, prefix } = &self.client {
+            return lock(client)
+                .get(&format!("{prefix}{key}"), timeout)
+                .map_err(|e| match e {
+                    DistError::StoreTimeout { addr, waited, .. } => DistError::StoreTimeout {
+                        key: key.to_string(),
+                        addr,
+                        waited,
+                    },
+                    e => e,
+                });
+        }
         let missing = self.wait_missing(&[key.to_string()], timeout)?;
         if !missing.is_empty() {
             return Err(DistError::StoreTimeout {
@@ -489,10 +383,16 @@ impl Store {
     /// # Errors
     /// [`DistError::Store`] when the store is unreachable.
     pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        let stream = match &self.client {
+            Client::Own { stream, .. } => stream,
+            Client::Torch { client, prefix } => {
+                return lock(client).add(&format!("{prefix}{key}"), delta);
+            }
+        };
         let mut req = vec![OP_ADD];
         wire::put_bytes(&mut req, key.as_bytes());
         req.extend_from_slice(&(delta as u64).to_le_bytes());
-        let r = self.request(&req, self.timeout)?;
+        let r = self.request(stream, &req, self.timeout)?;
         let v: [u8; 8] =
             r.get(1..9)
                 .and_then(|b| b.try_into().ok())
@@ -550,9 +450,15 @@ enum ConnectError {
     Rejected(String),
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means another thread panicked mid-request; requests are independent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::{Ipv4Addr, TcpListener};
 
     fn free_port() -> u16 {
         TcpListener::bind("127.0.0.1:0")
@@ -570,6 +476,7 @@ mod tests {
             master_addr: "127.0.0.1".into(),
             master_port: port,
             job_token: "tok".into(),
+            rendezvous: Rendezvous::OwnStore,
         }
     }
 
@@ -620,5 +527,41 @@ mod tests {
         let port = l.local_addr().expect("addr").port();
         let e = Store::connect(&world(0, 2, port), Duration::from_secs(1)).expect_err("in use");
         assert!(e.to_string().contains(&port.to_string()), "{e}");
+    }
+
+    #[test]
+    fn every_address_of_the_master_is_tried() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let open = listener.local_addr().expect("addr");
+        // A port on another loopback address that nobody listens on refuses at once.
+        let refused = SocketAddr::from((Ipv4Addr::new(127, 0, 0, 2), free_port()));
+        let s = connect_first(&[refused, open], Duration::from_secs(2)).expect("second address");
+        assert_eq!(s.peer_addr().expect("peer"), open);
+        let e = connect_first(&[refused], Duration::from_secs(2)).expect_err("refused");
+        assert!(e.to_string().contains(&refused.to_string()), "{e}");
+    }
+
+    #[test]
+    fn an_ipv6_master_address_is_served_and_reached() {
+        let port = free_port();
+        let t = Duration::from_secs(5);
+        let mut w0 = world(0, 2, port);
+        w0.master_addr = "::1".into();
+        let mut w1 = w0.clone();
+        w1.rank = 1;
+        let s0 = Store::connect(&w0, t).expect("rank 0 serves on ::1");
+        let s1 = Store::connect(&w1, t).expect("rank 1 reaches ::1");
+        assert_eq!(s1.addr(), format!("[::1]:{port}"));
+        s1.set("k", b"v6").expect("set");
+        assert_eq!(s0.get("k", t).expect("get"), b"v6");
+        assert!(s1.local_ip().expect("ip").is_ipv6());
+    }
+
+    #[test]
+    fn an_unresolvable_master_address_is_named() {
+        let mut w = world(0, 2, free_port());
+        w.master_addr = "no-such-host.invalid".into();
+        let e = Store::connect(&w, Duration::from_secs(1)).expect_err("unresolvable");
+        assert!(e.to_string().contains("no-such-host.invalid"), "{e}");
     }
 }

@@ -1,55 +1,14 @@
 //! Multi-process tests: real worker processes (src/bin/burn-dist-test-worker.rs) on 127.0.0.1.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::{Job, Outcome, WORKER, clean_command, free_port, read, spawn_processes, wait};
 use std::fs::File;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::io::Write;
+use std::net::TcpStream;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-const WORKER: &str = env!("CARGO_BIN_EXE_burn-dist-test-worker");
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-struct Proc {
-    rank: usize,
-    child: Child,
-    out: PathBuf,
-    err: PathBuf,
-}
-
-/// Kills every child on drop, whatever the exit path of the test.
-struct Job {
-    procs: Vec<Proc>,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        for p in &mut self.procs {
-            let _ = p.child.kill();
-            let _ = p.child.wait();
-        }
-    }
-}
-
-struct Outcome {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-fn read(p: &PathBuf) -> String {
-    let mut s = String::new();
-    let _ = File::open(p).and_then(|mut f| f.read_to_string(&mut s));
-    s
-}
 
 /// Starts `ranks` of a world of `n` running `args`.
 fn spawn(
@@ -71,66 +30,27 @@ fn spawn_env(
     env: &[(&str, &str)],
     args: &dyn Fn(usize) -> Vec<String>,
 ) -> Job {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let procs = ranks
-        .iter()
-        .map(|&rank| {
-            let out = dir.path().join(format!("out{rank}"));
-            let err = dir.path().join(format!("err{rank}"));
-            let child = Command::new(WORKER)
-                .args(args(rank))
-                .envs(env.iter().copied())
-                .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", n.to_string())
-                .env("LOCAL_RANK", rank.to_string())
-                .env("LOCAL_WORLD_SIZE", n.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .env("BURN_DIST_JOB_TOKEN", "test-token")
-                .env("BURN_DIST_TIMEOUT_S", timeout_s.to_string())
-                .stdout(Stdio::from(File::create(&out).expect("out")))
-                .stderr(Stdio::from(File::create(&err).expect("err")))
-                .spawn()
-                .expect("spawn worker");
-            Proc {
-                rank,
-                child,
-                out,
-                err,
-            }
-        })
-        .collect();
-    Job { procs, _dir: dir }
-}
-
-fn wait(job: &mut Job, limit: Duration) -> Vec<Outcome> {
-    let start = Instant::now();
-    let mut statuses: Vec<Option<ExitStatus>> = vec![None; job.procs.len()];
-    while statuses.iter().any(Option::is_none) {
-        for (i, p) in job.procs.iter_mut().enumerate() {
-            if statuses[i].is_none() {
-                statuses[i] = p.child.try_wait().expect("try_wait");
-            }
-        }
-        if start.elapsed() > limit {
-            let dump: Vec<String> = job
-                .procs
-                .iter()
-                .map(|p| format!("rank {}: {}{}", p.rank, read(&p.out), read(&p.err)))
-                .collect();
-            panic!("workers did not finish within {limit:?} (hang): {dump:#?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    job.procs
-        .iter()
-        .zip(statuses)
-        .map(|(p, s)| Outcome {
-            status: s.expect("status"),
-            stdout: read(&p.out),
-            stderr: read(&p.err),
-        })
-        .collect()
+    let env = |rank: usize| {
+        let mut vars: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        vars.extend(
+            [
+                ("RANK", rank.to_string()),
+                ("WORLD_SIZE", n.to_string()),
+                ("LOCAL_RANK", rank.to_string()),
+                ("LOCAL_WORLD_SIZE", n.to_string()),
+                ("MASTER_ADDR", "127.0.0.1".to_string()),
+                ("MASTER_PORT", port.to_string()),
+                ("BURN_DIST_JOB_TOKEN", "test-token".to_string()),
+                ("BURN_DIST_TIMEOUT_S", timeout_s.to_string()),
+            ]
+            .map(|(k, v)| (k.to_string(), v)),
+        );
+        vars
+    };
+    spawn_processes(WORKER, ranks, &env, args)
 }
 
 fn run_ok(n: usize, args: &dyn Fn(usize) -> Vec<String>) -> Vec<Outcome> {
@@ -240,7 +160,7 @@ fn params(o: &Outcome) -> Vec<f32> {
 }
 
 fn single_process_params(args: &[&str]) -> Vec<f32> {
-    let out = Command::new(WORKER)
+    let out = clean_command(WORKER)
         .args(args)
         .output()
         .expect("run world 1");
@@ -420,7 +340,7 @@ fn garbage_and_wrong_token_on_the_store_port_are_dropped() {
 #[test]
 fn launcher_stops_everyone_when_a_rank_fails() {
     let start = Instant::now();
-    let out = Command::new(WORKER)
+    let out = clean_command(WORKER)
         .args(["launch", "3", "2"])
         .output()
         .expect("launcher");
@@ -438,7 +358,7 @@ fn launcher_stops_everyone_when_a_rank_fails() {
 
 #[test]
 fn launcher_runs_workers_with_prefixed_output() {
-    let out = Command::new(WORKER)
+    let out = clean_command(WORKER)
         .args(["launch", "2", "-1"])
         .output()
         .expect("launcher");
@@ -517,7 +437,7 @@ fn launcher_forwards_sigterm_and_stops_all_ranks() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out_path = dir.path().join("out");
     let err_path = dir.path().join("err");
-    let mut launcher = Command::new(WORKER)
+    let mut launcher = clean_command(WORKER)
         .args(["launch", "3", "99"]) // no rank fails; all would sleep 60 s
         .stdout(Stdio::from(File::create(&out_path).expect("out")))
         .stderr(Stdio::from(File::create(&err_path).expect("err")))

@@ -1,7 +1,7 @@
 //! The binary's body: flags, quickstart, launcher, backend choice, then [`crate::run`]. Exposed
 //! so that a user's own binary is one call, [`main_with`].
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use burn::backend::{Autodiff, Flex};
@@ -32,6 +32,26 @@ pub fn synthetic_cache_dir() -> PathBuf {
     crate::cuda_setup::cache_root().join("synthetic-imagenet-v1")
 }
 
+/// Generates the quickstart's dataset, once per machine: under torchrun or srun every process
+/// starts here at the same moment, so the first to take the lock writes it and the others wait,
+/// then reuse it.
+fn generate_synthetic_once(cache: &Path) -> Result<data::synthetic::SyntheticSummary, TrainError> {
+    let lock_path = cache.with_extension("lock");
+    let lock_err = |source| TrainError::Log {
+        path: lock_path.clone(),
+        source,
+    };
+    if let Some(parent) = lock_path.parent() {
+        std::fs::create_dir_all(parent).map_err(lock_err)?;
+    }
+    let lock = std::fs::File::create(&lock_path).map_err(lock_err)?;
+    lock.lock().map_err(lock_err)?;
+    Ok(data::synthetic::generate(
+        cache,
+        &data::synthetic::SyntheticConfig::default(),
+    )?)
+}
+
 /// Parses the flags (with the quickstart applied when there is no ImageNet and no `--train-dir`).
 /// Returns the flags and whether the quickstart is on.
 ///
@@ -52,8 +72,8 @@ pub fn parse_args() -> Result<(TrainArgs, bool), TrainError> {
         }
     }
     let cache = synthetic_cache_dir();
-    let summary = data::synthetic::generate(&cache, &data::synthetic::SyntheticConfig::default())?;
-    if !burn_dist::is_worker_env() || std::env::var("RANK").as_deref() == Ok("0") {
+    let summary = generate_synthetic_once(&cache)?;
+    if !burn_dist::is_worker_env() || burn_dist::World::from_env().is_ok_and(|w| w.is_main()) {
         println!(
             "no ImageNet at {}: quickstart on the synthetic dataset in {} ({} train / {} val JPEGs, {})",
             args.train_dir.display(),
@@ -91,6 +111,9 @@ pub fn main_with<C: ClassifierConfig>(
                 source = cause.source();
             }
             eprintln!("{message}");
+            if let Err(e) = crate::elastic::record_failure(&error, &message) {
+                eprintln!("could not write torchrun's error file: {e}");
+            }
             ExitCode::FAILURE
         }
     }
@@ -124,6 +147,7 @@ fn try_main<C: ClassifierConfig>(
         node_rank: args.node_rank,
         master_addr: args.master_addr.clone(),
         master_port: args.master_port,
+        rdzv_id: args.rdzv_id.clone(),
     };
     let world = burn_dist::launch_or_run(&launch)?;
     let backend = if use_cuda {
@@ -199,7 +223,7 @@ fn print_closing<C: ClassifierConfig>(summary: &RunSummary, quickstart: bool, co
             "\nNext:\n  ImageNet on every GPU of this node:\n    cargo run --release -p train -- \
              --train-dir ~/imagenet/train --val-dir ~/imagenet/validation\n  \
              Two nodes with 8 GPUs each (run on each node, node-rank 0 and 1):\n    \
-             cargo run --release -p train -- --nnodes 2 --node-rank 0 --master-addr <node0> --nproc-per-node 8\n  \
+             cargo run --release -p train -- --nnodes 2 --node-rank 0 --master-addr <node0> --rdzv-id <job> --nproc-per-node 8\n  \
              Several CPU processes on this machine:\n    cargo run --release -p train -- --nproc-per-node 2 --no-cuda"
         );
     }

@@ -104,6 +104,10 @@ pub struct TrainArgs {
     /// Port of the rendezvous on node 0.
     #[arg(long, default_value_t = 29500)]
     pub master_port: u16,
+    /// Job identity, the same on every node (torchrun's name); needed with --nnodes > 1 unless
+    /// BURN_DIST_JOB_TOKEN is set on every node.
+    #[arg(long)]
+    pub rdzv_id: Option<String>,
     /// Stop after this many optimizer steps per epoch (for benchmarks and smoke tests).
     #[arg(long)]
     pub max_steps_per_epoch: Option<usize>,

@@ -10,6 +10,7 @@ mod app;
 pub mod checkpoint;
 pub mod cli;
 pub mod cuda_setup;
+pub mod elastic;
 mod error;
 mod model;
 pub mod progress;

@@ -9,7 +9,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use burn_dist::{
     CommBackend, Communicator, CommunicatorExt, Compression, DistOptions, DistributedConfig,
-    DistributedOptimizer, Element, HostBuf, LaunchConfig, ReduceOp, SyncConfig, World,
+    DistributedOptimizer, Element, HostBuf, LaunchConfig, ReduceOp, Rendezvous, SyncConfig, World,
 };
 use half::{bf16, f16};
 use std::process::ExitCode;
@@ -35,6 +35,8 @@ fn main() -> ExitCode {
             burn_dist::init(&World::from_env().unwrap(), &options()).map(|_| println!("INIT OK"))
         }
         "launch" => launch(&args[2..]),
+        "job" => World::from_env().and_then(|w| job(&w)),
+        "launch-job" => launch_job(&args[2..]),
         "state" => state(),
         "unused" => unused(),
         _ => {
@@ -490,4 +492,45 @@ fn launch(args: &[String]) -> burn_dist::Result<()> {
     // Healthy ranks would run for a long time; the launcher must stop them.
     std::thread::sleep(Duration::from_secs(if fail >= 0 { 60 } else { 0 }));
     Ok(())
+}
+
+/// Joins the job and sums `rank + 1` over all ranks; prints where it found the store.
+fn job(world: &World) -> burn_dist::Result<()> {
+    let dist = burn_dist::init(world, &options())?;
+    let mut v = vec![(world.rank + 1) as f32; 3];
+    dist.comm.all_reduce(f32::host_buf(&mut v), ReduceOp::Sum)?;
+    let store = match &world.rendezvous {
+        Rendezvous::OwnStore => "own".to_string(),
+        Rendezvous::TorchAgentStore { key_prefix } => format!("torch-agent:{key_prefix}"),
+    };
+    println!(
+        "JOB rank={} world={} local={}/{} master={} store={store} sum={}",
+        world.rank,
+        world.world_size,
+        world.local_rank,
+        world.local_world_size,
+        world.master_endpoint(),
+        v[0]
+    );
+    Ok(())
+}
+
+/// `launch-job --nproc N --nnodes N --node-rank R --master-port P [--master-addr A] [--rdzv-id ID]`:
+/// our launcher with these flags, each worker running [`job`].
+fn launch_job(args: &[String]) -> burn_dist::Result<()> {
+    let mut config = LaunchConfig::default();
+    for pair in args.chunks(2) {
+        let value = pair[1].clone();
+        match pair[0].as_str() {
+            "--nproc" => config.nproc_per_node = Some(value.parse().unwrap()),
+            "--nnodes" => config.nnodes = value.parse().unwrap(),
+            "--node-rank" => config.node_rank = value.parse().unwrap(),
+            "--master-addr" => config.master_addr = value,
+            "--master-port" => config.master_port = value.parse().unwrap(),
+            "--rdzv-id" => config.rdzv_id = Some(value),
+            other => panic!("unknown flag {other}"),
+        }
+    }
+    let world = burn_dist::launch_or_run(&config)?;
+    job(&world)
 }
