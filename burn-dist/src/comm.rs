@@ -234,6 +234,14 @@ pub trait Communicator: Send + Sync + std::fmt::Debug {
         self.world_size() == 1
     }
 
+    /// Tells every rank that this one failed by itself (an error outside the communicator, in a
+    /// collective helper: data that cannot be read, a record that does not load), so they stop
+    /// at once naming this rank and `cause` instead of waiting out their deadline. The
+    /// communicator is unusable afterwards. Default: nothing to tell (a world of one).
+    fn abort(&self, cause: &str) {
+        let _ = cause;
+    }
+
     /// Returns once every rank has called `barrier` (an all-reduce of one integer).
     ///
     /// # Errors

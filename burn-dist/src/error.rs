@@ -171,6 +171,35 @@ pub enum DistError {
         /// Theirs.
         theirs: String,
     },
+    /// Another rank found a collective mismatch; this rank saw its echo.
+    #[error(
+        "collective mismatch found by rank {observer}: {detail}; every rank must issue the same collectives in the same order (seen from rank {rank})"
+    )]
+    MismatchReported {
+        /// This rank.
+        rank: usize,
+        /// The rank that found the mismatch.
+        observer: usize,
+        /// Which ranks ran what.
+        detail: String,
+    },
+    /// A collective passed its deadline and the progress board names the rank holding it up.
+    #[error(
+        "{op} on rank {rank} did not complete within {}s: rank {peer} {detail}; look at rank {peer} (a debugger, py-spy-like stack dump, or its last output)",
+        deadline.as_secs_f64()
+    )]
+    Unresponsive {
+        /// The collective.
+        op: &'static str,
+        /// This rank.
+        rank: usize,
+        /// The rank holding the job up.
+        peer: usize,
+        /// What the progress board shows about it.
+        detail: String,
+        /// The deadline.
+        deadline: Duration,
+    },
     /// The communicator is unusable after an earlier failure.
     #[error(
         "the communicator of rank {rank} is broken after an earlier error ({first}); restart the job (resume from the last checkpoint)"
@@ -253,15 +282,18 @@ pub enum DistError {
     },
     /// A worker exited with failure.
     #[error(
-        "rank {rank} (pid {pid}) exited with {status}; the other ranks were stopped. See rank {rank}'s output above for the root cause"
+        "rank {rank} (pid {pid}) exited with {status}; root cause: {cause}; the other ranks were stopped"
     )]
     WorkerFailed {
-        /// The rank.
+        /// The rank the failure is blamed on (the workers' own reports decide; else the first
+        /// rank to exit non-zero).
         rank: usize,
         /// Its process id.
         pid: u32,
         /// How it exited.
         status: String,
+        /// What happened to it, in its own words or another rank's.
+        cause: String,
     },
     /// Network I/O failed outside a collective (setting up peer connections).
     #[error("rank {rank}: {what} ({addr}): {source}")]
@@ -275,6 +307,20 @@ pub enum DistError {
         /// The error.
         source: std::io::Error,
     },
+}
+
+impl DistError {
+    /// Whether this error is this rank's own (bad data, a record that does not load), as opposed
+    /// to a failure of the job seen through the communicator: the other ranks do not know about
+    /// it unless told ([`crate::Communicator::abort`]).
+    pub fn is_local(&self) -> bool {
+        matches!(
+            self,
+            DistError::TensorData { .. }
+                | DistError::Record { .. }
+                | DistError::InvalidBuffer { .. }
+        )
+    }
 }
 
 /// Result alias of `burn-dist`.

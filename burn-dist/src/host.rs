@@ -4,6 +4,7 @@
 
 use crate::comm::{Communicator, DType, Element, HostBuf, ReduceOp, with_slice};
 use crate::error::{DistError, Result};
+use crate::failure::{self, Kind, Record};
 use crate::store::Store;
 use crate::wire::{self, ConnKind};
 use crate::world::World;
@@ -16,8 +17,6 @@ use std::time::{Duration, Instant};
 
 /// Bytes per pipelined chunk.
 const CHUNK_BYTES: usize = 1 << 20;
-/// Store key where the first rank that observes a failure records it (root cause for the others).
-const FAILURE_KEY: &str = "burn-dist/host/failure";
 /// How long rank 0 keeps serving the store after a failed collective.
 const STORE_LINGER: Duration = Duration::from_secs(2);
 /// IP address this rank advertises for its ring connections (default: the local address of its
@@ -128,6 +127,10 @@ pub struct Host {
     timeout: Duration,
     store: Option<Arc<Store>>,
     links: Option<Mutex<Links>>,
+    /// The collective this rank is in, for the progress board.
+    activity: Arc<failure::Activity>,
+    /// Publishes `activity` while the communicator lives.
+    _publisher: Option<failure::Publisher>,
 }
 
 impl std::fmt::Debug for Host {
@@ -179,6 +182,8 @@ impl Host {
             timeout: crate::comm::DEFAULT_TIMEOUT,
             store: None,
             links: None,
+            activity: Arc::default(),
+            _publisher: None,
         }
     }
 
@@ -199,6 +204,8 @@ impl Host {
                 timeout,
                 store: Some(store),
                 links: None,
+                activity: Arc::default(),
+                _publisher: None,
             });
         }
         // The interface that reaches rank 0 is the one peers can reach us on, unless overridden
@@ -269,10 +276,14 @@ impl Host {
                     e,
                 )
             })?;
+        let activity: Arc<failure::Activity> = Arc::default();
+        let publisher = failure::Publisher::start(Arc::clone(&store), rank, Arc::clone(&activity));
         let host = Self {
             rank,
             world_size: n,
             timeout,
+            activity,
+            _publisher: Some(publisher),
             store: Some(store),
             links: Some(Mutex::new(Links {
                 next: Link::new(next),
@@ -455,8 +466,11 @@ impl Host {
         let deadline = Instant::now() + self.timeout;
         links.next.deadline = deadline;
         links.prev.deadline = deadline;
+        let seq = links.seq;
+        self.activity.set(seq, op, true);
         let fail = |e: RingError| self.explain(op, e);
         let result = f(&mut links, &fail);
+        self.activity.set(seq, op, false);
         let Err(err) = result else { return Ok(()) };
         links.broken = Some(err.to_string());
         let _ = links.next.stream.shutdown(Shutdown::Both);
@@ -469,89 +483,124 @@ impl Host {
         Err(err)
     }
 
+    /// Turns what this rank saw into the job's failure: the first record in the store wins, so
+    /// every rank names the same root cause (see [`crate::failure`]).
     fn explain(&self, op: &'static str, e: RingError) -> DistError {
         let n = self.world_size;
-        let (peer, detail, timed_out, mismatch) = match e {
-            RingError::Peer(q, e) => (q, e.to_string(), is_timeout(&e), None),
-            RingError::Recv(e) => ((self.rank + n - 1) % n, e.to_string(), is_timeout(&e), None),
-            RingError::Send(e) => ((self.rank + 1) % n, e.to_string(), is_timeout(&e), None),
-            RingError::Mismatch { ours, theirs } => (
-                (self.rank + n - 1) % n,
-                String::new(),
-                false,
-                Some((ours, theirs)),
-            ),
+        let (peer, detail, timed_out) = match e {
+            RingError::Peer(q, e) => (q, e.to_string(), is_timeout(&e)),
+            RingError::Recv(e) => ((self.rank + n - 1) % n, e.to_string(), is_timeout(&e)),
+            RingError::Send(e) => ((self.rank + 1) % n, e.to_string(), is_timeout(&e)),
+            RingError::Mismatch { ours, theirs } => {
+                let peer = (self.rank + n - 1) % n;
+                if let Some(store) = &self.store {
+                    failure::publish(
+                        store,
+                        &Record {
+                            kind: Kind::Mismatch,
+                            rank: peer,
+                            observer: self.rank,
+                            detail: format!(
+                                "rank {} runs {ours}, rank {peer} runs {theirs}",
+                                self.rank
+                            ),
+                        },
+                    );
+                }
+                return DistError::CollectiveMismatch {
+                    rank: self.rank,
+                    peer,
+                    ours,
+                    theirs,
+                };
+            }
         };
-        if let Some((ours, theirs)) = mismatch {
-            return DistError::CollectiveMismatch {
-                rank: self.rank,
-                peer,
-                ours,
-                theirs,
-            };
-        }
-        // Was this the echo of a failure another rank already observed? Then name its root cause.
-        if let Some(store) = &self.store {
-            // Observers record the failure *before* closing their sockets, so an echo finds it.
-            match store.try_get(FAILURE_KEY) {
-                Ok(Some(v)) => {
-                    if let Some((root, what)) = Some(v).and_then(|v| {
-                        let s = String::from_utf8_lossy(&v).into_owned();
-                        let (root, what) = s.split_once(' ')?;
-                        Some((root.parse::<usize>().ok()?, what.to_string()))
-                    }) && root != self.rank
-                    {
-                        return DistError::PeerFailed {
-                            op,
-                            rank: self.rank,
-                            peer: root,
-                            detail: format!("failed first ({what}); this rank saw: {detail}"),
-                        };
-                    }
-                }
-                Ok(None) => {}
-                Err(_) if peer != 0 && self.rank != 0 => {
-                    // The store is gone: rank 0 (its server) is down.
-                    return DistError::PeerFailed {
-                        op,
-                        rank: self.rank,
-                        peer: 0,
-                        detail: format!(
-                            "is unreachable (its rendezvous store is gone); this rank saw: {detail}"
-                        ),
-                    };
-                }
-                Err(_) => {}
-            }
-        }
-        if timed_out {
-            if let Some(store) = &self.store {
-                let what = format!(
-                    "did not respond within {}s (seen by rank {})",
-                    self.timeout.as_secs_f64(),
-                    self.rank
-                );
-                let _ = store.set(FAILURE_KEY, format!("{peer} {what}").as_bytes());
-            }
-            return DistError::Timeout {
+        let Some(store) = &self.store else {
+            return DistError::PeerFailed {
                 op,
                 rank: self.rank,
                 peer,
-                deadline: self.timeout,
+                detail,
             };
+        };
+        // An echo of a failure another rank already recorded: name its root cause.
+        if let Some(first) = failure::recorded(store)
+            && first.observer != self.rank
+        {
+            return self.error_for(op, first, &detail);
         }
-        let what = format!(
-            "closed the connection or died ({detail}), seen by rank {}",
-            self.rank
-        );
-        if let Some(store) = &self.store {
-            let _ = store.set(FAILURE_KEY, format!("{peer} {what}").as_bytes());
-        }
-        DistError::PeerFailed {
-            op,
-            rank: self.rank,
-            peer,
-            detail: format!("closed the connection or died ({detail})"),
+        let ours = if timed_out {
+            // Which rank holds the job up? The progress board knows; the neighbour we waited on
+            // may itself be waiting.
+            failure::diagnose(store, self.rank, n).unwrap_or(Record {
+                kind: Kind::Unresponsive,
+                rank: peer,
+                observer: self.rank,
+                detail: format!(
+                    "did not answer within {}s (it may be waiting on another rank)",
+                    self.timeout.as_secs_f64()
+                ),
+            })
+        } else if store.try_get("burn-dist/rendezvous-probe").is_err()
+            && peer != 0
+            && self.rank != 0
+        {
+            // The store is gone: its server, rank 0, is down.
+            Record {
+                kind: Kind::Died,
+                rank: 0,
+                observer: self.rank,
+                detail: format!(
+                    "is unreachable (its rendezvous store is gone); this rank saw: {detail}"
+                ),
+            }
+        } else {
+            Record {
+                kind: Kind::Died,
+                rank: peer,
+                observer: self.rank,
+                detail: format!("closed the connection or died ({detail})"),
+            }
+        };
+        let standing = failure::publish(store, &ours).unwrap_or(ours);
+        self.error_for(op, standing, &detail)
+    }
+
+    /// The error this rank reports for the job's failure `record`.
+    fn error_for(&self, op: &'static str, record: Record, seen: &str) -> DistError {
+        let echo = if record.observer == self.rank {
+            String::new()
+        } else {
+            format!(
+                " (found by rank {}; this rank saw: {seen})",
+                record.observer
+            )
+        };
+        match record.kind {
+            Kind::Mismatch => DistError::MismatchReported {
+                rank: self.rank,
+                observer: record.observer,
+                detail: record.detail,
+            },
+            Kind::Unresponsive => DistError::Unresponsive {
+                op,
+                rank: self.rank,
+                peer: record.rank,
+                detail: format!("{}{echo}", record.detail),
+                deadline: self.timeout,
+            },
+            Kind::Died => DistError::PeerFailed {
+                op,
+                rank: self.rank,
+                peer: record.rank,
+                detail: format!("{}{echo}", record.detail),
+            },
+            Kind::Local => DistError::PeerFailed {
+                op,
+                rank: self.rank,
+                peer: record.rank,
+                detail: format!("failed by itself: {}{echo}", record.detail),
+            },
         }
     }
 }
@@ -926,6 +975,30 @@ impl Communicator for Host {
     fn backend_name(&self) -> &'static str {
         "host"
     }
+    fn abort(&self, cause: &str) {
+        if let Some(store) = &self.store {
+            failure::publish(
+                store,
+                &Record {
+                    kind: Kind::Local,
+                    rank: self.rank,
+                    observer: self.rank,
+                    detail: cause.to_string(),
+                },
+            );
+        }
+        if let Some(mut links) = self.links() {
+            links.broken.get_or_insert_with(|| cause.to_string());
+            // The neighbours see the closed sockets at once and read the record.
+            let _ = links.next.stream.shutdown(Shutdown::Both);
+            let _ = links.prev.stream.shutdown(Shutdown::Both);
+        }
+        if self.rank == 0 {
+            // As after a failed collective: the others read the record from rank 0's store.
+            std::thread::sleep(STORE_LINGER.min(self.timeout));
+        }
+    }
+
     fn transport(&self) -> &'static str {
         match self.links() {
             Some(l) if l.shm.is_some() => "tcp ring + shared memory",

@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 /// How long workers get to exit after SIGTERM before SIGKILL.
 const GRACE: Duration = Duration::from_secs(5);
+/// When a worker fails, how long the others may take to notice, report what they saw (their error
+/// files name the root cause) and exit by themselves, before they get SIGTERM.
+const REPORT_GRACE: Duration = Duration::from_secs(3);
 
 /// Launcher options (torchrun's `--nproc-per-node --nnodes --node-rank --master-addr --master-port
 /// --rdzv-id`).
@@ -256,6 +259,7 @@ pub fn launch(config: &LaunchConfig, nproc: usize) -> Result<()> {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     let world_size = nproc * nnodes;
     install_signal_handlers();
+    let reports = ReportDir::create()?;
     let mut children: Vec<(usize, Child)> = Vec::with_capacity(nproc);
     let mut pumps = Vec::new();
     let mut spawn_err = None;
@@ -270,7 +274,8 @@ pub fn launch(config: &LaunchConfig, nproc: usize) -> Result<()> {
             .env("GROUP_RANK", config.node_rank.to_string())
             .env("MASTER_ADDR", &config.master_addr)
             .env("MASTER_PORT", port.to_string())
-            .env(JOB_TOKEN_ENV, &token);
+            .env(JOB_TOKEN_ENV, &token)
+            .env(crate::error_file::ERROR_FILE_ENV, reports.path(rank));
         if rank != 0 {
             cmd.env(QUIET_ENV, "1")
                 .stdout(Stdio::piped())
@@ -295,18 +300,99 @@ pub fn launch(config: &LaunchConfig, nproc: usize) -> Result<()> {
             }
         }
     }
-    let result = supervise(&mut children, spawn_err);
+    let mut statuses = vec![None; children.len()];
+    let result = supervise(&mut children, &mut statuses, spawn_err);
     for p in pumps {
         let _ = p.join();
     }
-    result
+    result.map_err(|e| blame_root_cause(e, &children, &statuses, &reports))
 }
 
-fn supervise(children: &mut [(usize, Child)], mut failure: Option<DistError>) -> Result<()> {
+/// A private folder for the workers' error files, removed when the launcher returns.
+struct ReportDir {
+    dir: std::path::PathBuf,
+}
+
+impl ReportDir {
+    fn create() -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "burn-dist-errors-{}-{:x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir(&dir).map_err(|e| DistError::Launch {
+            detail: format!(
+                "cannot create {} for the workers' error files",
+                dir.display()
+            ),
+            source: Some(e),
+        })?;
+        Ok(Self { dir })
+    }
+
+    fn path(&self, rank: usize) -> std::path::PathBuf {
+        self.dir.join(format!("rank-{rank}.json"))
+    }
+}
+
+impl Drop for ReportDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Names the root cause of a failed job from the workers' own reports (what each one saw, see
+/// [`crate::error_file`]) instead of the first worker that happened to exit.
+fn blame_root_cause(
+    error: DistError,
+    children: &[(usize, Child)],
+    statuses: &[Option<String>],
+    reports: &ReportDir,
+) -> DistError {
+    let DistError::WorkerFailed { .. } = error else {
+        return error;
+    };
+    let read: Vec<crate::error_file::Report> = children
+        .iter()
+        .filter_map(|(rank, _)| crate::error_file::read_report(&reports.path(*rank)))
+        .collect();
+    let Some(report) = crate::error_file::root_cause(&read) else {
+        return error;
+    };
+    let blamed = report.root_cause;
+    let words = report.message.lines().collect::<Vec<_>>().join(" / ");
+    let cause = if report.rank == blamed {
+        words
+    } else {
+        format!("rank {} reports: {words}", report.rank)
+    };
+    match children.iter().position(|(r, _)| *r == blamed) {
+        Some(i) => DistError::WorkerFailed {
+            rank: blamed,
+            pid: children[i].1.id(),
+            status: statuses[i].clone().unwrap_or_else(|| "no status".into()),
+            cause,
+        },
+        // A rank of another node: its own launcher names how it ended.
+        None => DistError::WorkerFailed {
+            rank: blamed,
+            pid: 0,
+            status: "an unknown status (it runs on another node)".into(),
+            cause,
+        },
+    }
+}
+
+fn supervise(
+    children: &mut [(usize, Child)],
+    statuses: &mut [Option<String>],
+    mut failure: Option<DistError>,
+) -> Result<()> {
     let mut running: Vec<bool> = vec![true; children.len()];
     let mut stop_deadline: Option<Instant> = None;
     let mut killed = false;
-    let mut need_term = failure.is_some();
+    // When to send SIGTERM: at once for a launcher failure, after REPORT_GRACE for a worker's.
+    let mut term_at = failure.is_some().then(Instant::now);
     loop {
         for (i, (rank, child)) in children.iter_mut().enumerate() {
             if !running[i] {
@@ -315,13 +401,15 @@ fn supervise(children: &mut [(usize, Child)], mut failure: Option<DistError>) ->
             match child.try_wait() {
                 Ok(Some(status)) => {
                     running[i] = false;
+                    statuses[i] = Some(describe(status));
                     if !status.success() && failure.is_none() {
                         failure = Some(DistError::WorkerFailed {
                             rank: *rank,
                             pid: child.id(),
                             status: describe(status),
+                            cause: format!("see rank {rank}'s output above"),
                         });
-                        need_term = true;
+                        term_at = Some(Instant::now() + REPORT_GRACE);
                     }
                 }
                 Ok(None) => {}
@@ -348,8 +436,8 @@ fn supervise(children: &mut [(usize, Child)], mut failure: Option<DistError>) ->
             }
             stop_deadline.get_or_insert(Instant::now() + GRACE);
         }
-        if need_term {
-            need_term = false;
+        if term_at.is_some_and(|t| Instant::now() >= t) {
+            term_at = None;
             terminate(children, &running, libc::SIGTERM);
             stop_deadline.get_or_insert(Instant::now() + GRACE);
         }

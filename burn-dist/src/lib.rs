@@ -40,6 +40,8 @@ mod comm;
 mod cuda_tensor;
 mod device_call;
 mod error;
+mod error_file;
+mod failure;
 mod host;
 mod launcher;
 #[cfg(feature = "cuda")]
@@ -61,6 +63,7 @@ mod world;
 
 pub use comm::{Communicator, CommunicatorExt, DEFAULT_TIMEOUT, DType, Element, HostBuf, ReduceOp};
 pub use error::{DistError, Result};
+pub use error_file::{ERROR_FILE_ENV, write_error_file};
 pub use host::{ADDR_ENV, Host, SHM_ENV};
 pub use launcher::{
     LaunchConfig, is_worker_env, launch, launch_or_run, should_draw_progress, visible_cuda_devices,

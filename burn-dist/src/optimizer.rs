@@ -7,7 +7,7 @@ use crate::sync::{GradientSync, SyncConfig};
 use crate::tensor::CollectiveBackend;
 use burn::module::{AutodiffModule, Module, ModuleMapper, Param, ParamId};
 use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer};
-use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use std::marker::PhantomData;
@@ -238,6 +238,9 @@ impl<B: Backend + CollectiveBackend> ModuleMapper<B> for BroadcastMapper<'_> {
                 Param::from_mapped_value(new_id, t, mapper)
             }
             (Err(e), _) | (_, Err(e)) => {
+                if e.is_local() {
+                    self.comm.abort(&e.to_string());
+                }
                 self.error = Some(e);
                 Param::from_mapped_value(ParamId::new(), tensor, mapper)
             }
@@ -320,7 +323,9 @@ where
     if comm.skips_collectives() {
         return Ok(optimizer);
     }
-    let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+    // Named MessagePack, not Burn's bincode recorder: a state that does not fit this optimizer
+    // (another optimizer type, another burn version) is an error here; bincode's loader panics.
+    let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::default();
     let mut bytes = if comm.rank() == root {
         Recorder::<B>::record(&recorder, optimizer.to_record(), ()).map_err(|e| {
             DistError::Record {
@@ -334,9 +339,12 @@ where
     if comm.rank() == root {
         return Ok(optimizer);
     }
-    let record: O::Record =
-        Recorder::<B>::load(&recorder, bytes, device).map_err(|e| DistError::Record {
+    let record: O::Record = Recorder::<B>::load(&recorder, bytes, device).map_err(|e| {
+        let e = DistError::Record {
             detail: format!("loading rank {root}'s optimizer state: {e:?}"),
-        })?;
+        };
+        comm.abort(&e.to_string());
+        e
+    })?;
     Ok(optimizer.load_record(record))
 }

@@ -279,7 +279,12 @@ impl GradientSync {
                 .filter_map(|e| Some((e.id, e.grad?)))
                 .collect()
         } else {
-            self.reduce_buckets::<B::InnerBackend>(entries)?
+            self.reduce_buckets::<B::InnerBackend>(entries)
+                .inspect_err(|e| {
+                    if e.is_local() {
+                        self.comm.abort(&e.to_string());
+                    }
+                })?
         };
         let mut register = Register::<B> {
             grads: &mut grads,

@@ -1,110 +1,58 @@
-//! torchrun's error file. When a worker fails, torchrun's agent reads the JSON file named by
-//! `TORCHELASTIC_ERROR_FILE` (what torch's `@record` decorator writes) and prints its message
-//! under "Root Cause"; without it, torchrun shows only an exit code and a link. We write the same
-//! format (`torch/distributed/elastic/multiprocessing/errors/error_handler.py`).
+//! The error file a launcher reads to name a failed job's root cause: torchrun's agent, which
+//! shows it under "Root Cause", or burn-dist's own launcher. The format and the writing live in
+//! `burn-dist` (`burn_dist::write_error_file`); this decides what `train`'s errors point at.
 
 use crate::TrainError;
-use burn_dist::DistError;
-use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::path::PathBuf;
 
-/// The variable torchrun sets to the error file of each worker.
-pub const ERROR_FILE_ENV: &str = "TORCHELASTIC_ERROR_FILE";
+/// The variable a launcher sets to each worker's error file.
+pub use burn_dist::ERROR_FILE_ENV;
 
-/// Writes `error` (printed as `message`) to torchrun's error file when running under torchrun.
-/// Returns the file written, if any.
-///
-/// torchrun names the failure with the smallest timestamp, in whole seconds, its root cause, and
-/// takes the lowest rank on a tie. An error that reports another rank's failure (a dead peer, a
-/// store that went away) happened after that failure, so it is dated one second later: the rank
-/// that failed first stays the root cause even when it died by a signal and left no file.
+/// Writes `error` (printed as `message`) to the launcher's error file, when there is one. A
+/// distributed error names the rank it points at (the peer that died, the rank that stopped
+/// making progress); every other error is this rank's own. Returns the file written, if any.
 ///
 /// # Errors
 /// The file cannot be written.
 pub fn record_failure(error: &TrainError, message: &str) -> std::io::Result<Option<PathBuf>> {
-    let Some(path) = std::env::var_os(ERROR_FILE_ENV).map(PathBuf::from) else {
-        return Ok(None);
-    };
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
+    let rank = std::env::var("RANK")
+        .ok()
+        .and_then(|r| r.trim().parse().ok())
         .unwrap_or(0);
-    let timestamp = now + u64::from(reports_another_ranks_failure(error));
-    write_error_file(&path, message, timestamp)?;
-    Ok(Some(path))
+    burn_dist::write_error_file(message, rank, root_cause_rank(error, rank))
 }
 
-/// Whether `error` is this rank noticing that another rank (or the process serving the store)
-/// failed, rather than a failure of its own.
-fn reports_another_ranks_failure(error: &TrainError) -> bool {
-    matches!(
-        error,
-        TrainError::Dist(
-            DistError::PeerFailed { .. }
-                | DistError::Timeout { .. }
-                | DistError::Broken { .. }
-                | DistError::RendezvousTimeout { .. }
-                | DistError::StoreTimeout { .. }
-                | DistError::Store { .. }
-        )
-    )
-}
-
-/// torchrun's format: torch shows `extraInfo.py_callstack` as the failure's "traceback" (our
-/// whole error chain) and orders failures by `extraInfo.timestamp` (seconds, as a string) to pick
-/// the root cause.
-fn write_error_file(path: &Path, message: &str, timestamp_s: u64) -> std::io::Result<()> {
-    let json = serde_json::json!({
-        "message": {
-            "message": message,
-            "extraInfo": {
-                "py_callstack": message,
-                "timestamp": timestamp_s.to_string(),
-            },
-        }
-    });
-    std::fs::write(path, json.to_string())
+fn root_cause_rank(error: &TrainError, rank: usize) -> usize {
+    match error {
+        TrainError::Dist(e) => e.root_cause_rank(rank),
+        _ => rank,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn_dist::DistError;
 
     #[test]
-    fn the_error_file_has_torchruns_fields() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("error.json");
-        let message = "error: rank 1: \"quoted\"\nsecond line";
-        write_error_file(&path, message, 1_700_000_000).expect("write");
-        let text = std::fs::read_to_string(&path).expect("read");
-        let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
-        let m = &v["message"];
-        assert_eq!(m["message"], message);
-        assert_eq!(m["extraInfo"]["py_callstack"], message);
-        // torch parses it with int(...).
-        let ts = m["extraInfo"]["timestamp"].as_str().expect("a string");
-        assert_eq!(ts.parse::<i64>().expect("an integer"), 1_700_000_000);
-    }
-
-    #[test]
-    fn only_failures_of_other_ranks_are_dated_later() {
+    fn distributed_errors_point_at_the_failed_rank_others_at_this_one() {
         let peer = TrainError::Dist(DistError::PeerFailed {
             op: "all_reduce",
             rank: 0,
             peer: 1,
             detail: "closed the connection".into(),
         });
-        assert!(reports_another_ranks_failure(&peer));
+        assert_eq!(root_cause_rank(&peer, 0), 1);
         let own = TrainError::Dist(DistError::ModelMismatch {
             rank: 0,
             other_rank: 1,
             difference: "fc".into(),
         });
-        assert!(!reports_another_ranks_failure(&own));
+        assert_eq!(root_cause_rank(&own, 0), 0);
         let args = TrainError::InvalidArgs(crate::cli::InvalidArgs {
             flag: "batch-size",
             reason: "must be at least 1".into(),
         });
-        assert!(!reports_another_ranks_failure(&args));
+        assert_eq!(root_cause_rank(&args, 3), 3);
     }
 }

@@ -39,6 +39,9 @@ fn main() -> ExitCode {
         "launch-job" => launch_job(&args[2..]),
         "state" => state(),
         "unused" => unused(),
+        "launch-loop" => launch_loop(&args[2..]),
+        "bad-state" => bad_state(),
+        "order" => out_of_order(),
         _ => {
             eprintln!("unknown mode {mode:?}");
             return ExitCode::from(2);
@@ -48,6 +51,8 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("DIST ERROR: {e}");
+            let rank = World::from_env().map(|w| w.rank).unwrap_or(0);
+            let _ = burn_dist::write_error_file(&e.to_string(), rank, e.root_cause_rank(rank));
             ExitCode::from(3)
         }
     }
@@ -451,7 +456,7 @@ fn all_reduce_loop(args: &[String]) -> burn_dist::Result<()> {
         .map(|r| (r.parse().unwrap(), args[3].parse().unwrap()));
     let dist = burn_dist::init(&World::from_env()?, &options())?;
     let comm = dist.comm.as_ref();
-    println!("READY");
+    println!("READY rank={} pid={}", comm.rank(), std::process::id());
     let mut v = vec![1.0f32; len];
     for i in 0..iters {
         if let Some((r, after)) = die
@@ -533,4 +538,66 @@ fn launch_job(args: &[String]) -> burn_dist::Result<()> {
     }
     let world = burn_dist::launch_or_run(&config)?;
     job(&world)
+}
+
+/// `launch-loop <nproc> <iterations> <elements>`: our launcher running `loop` on every rank.
+fn launch_loop(args: &[String]) -> burn_dist::Result<()> {
+    let nproc: usize = args[0].parse().unwrap();
+    let config = LaunchConfig {
+        nproc_per_node: Some(nproc),
+        master_port: 0,
+        ..LaunchConfig::default()
+    };
+    burn_dist::launch_or_run(&config)?;
+    all_reduce_loop(&args[1..])
+}
+
+/// Rank 0 broadcasts its SGD-with-momentum state; rank 1 expects an Adam state, so loading it
+/// fails on rank 1 alone, inside `broadcast_optimizer_state`. The others go on to a barrier and
+/// must stop at once naming rank 1, not wait out the deadline.
+fn bad_state() -> burn_dist::Result<()> {
+    use burn::optim::Optimizer;
+    let dist = burn_dist::init(&World::from_env()?, &options())?;
+    let comm = dist.comm.as_ref();
+    let device = Default::default();
+    TB::seed(&device, 5);
+    let model = BnNet::<TB> {
+        fc: LinearConfig::new(8, 4).init(&device),
+        bn: burn::nn::BatchNormConfig::new(4).init(&device),
+    };
+    let model = burn_dist::broadcast_parameters(comm, model, 0)?;
+    let mut sgd = SgdConfig::new()
+        .with_momentum(Some(burn::optim::momentum::MomentumConfig::new()))
+        .init::<TB, BnNet<TB>>();
+    let (x, y) = batch(1, 0..8, &device);
+    let loss = (model.forward(x) - y).powf_scalar(2.0).mean();
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    let _ = sgd.step(0.1, model, grads);
+    println!("READY rank={} pid={}", comm.rank(), std::process::id());
+    if comm.rank() == 1 {
+        let adam = burn::optim::AdamConfig::new().init::<TB, BnNet<TB>>();
+        burn_dist::broadcast_optimizer_state::<_, BnNet<TB>, TB>(comm, adam, 0, &device)?;
+    } else {
+        burn_dist::broadcast_optimizer_state::<_, BnNet<TB>, TB>(comm, sgd, 0, &device)?;
+    }
+    comm.barrier()?;
+    println!("NOT REACHED");
+    Ok(())
+}
+
+/// Rank 1 broadcasts where the others all-reduce (then the other way round).
+fn out_of_order() -> burn_dist::Result<()> {
+    let dist = burn_dist::init(&World::from_env()?, &options())?;
+    let comm = dist.comm.as_ref();
+    println!("READY rank={} pid={}", comm.rank(), std::process::id());
+    let mut v = vec![1.0f32; 64];
+    if comm.rank() == 1 {
+        comm.broadcast(HostBuf::F32(&mut v), 0)?;
+        comm.all_reduce(HostBuf::F32(&mut v), ReduceOp::Sum)?;
+    } else {
+        comm.all_reduce(HostBuf::F32(&mut v), ReduceOp::Sum)?;
+        comm.broadcast(HostBuf::F32(&mut v), 0)?;
+    }
+    println!("NOT REACHED");
+    Ok(())
 }
