@@ -16,6 +16,12 @@ pub trait ClassifierConfig {
 
     /// A short name for logs and the config table, e.g. `resnet50`.
     fn name(&self) -> String;
+
+    /// The module path of the classifier head, which `--weights` may skip when its class count
+    /// differs from the data's (fine-tuning). torchvision's ResNets call it `fc`.
+    fn head(&self) -> String {
+        "fc".into()
+    }
 }
 
 /// The ResNets of the `models` crate, by depth.
@@ -23,6 +29,8 @@ pub trait ClassifierConfig {
 pub struct ResNetFamily {
     /// 18, 34, 50, 101 or 152.
     pub depth: usize,
+    /// Start each block's last BatchNorm at weight 0 (`--zero-init-residual`).
+    pub zero_init_residual: bool,
 }
 
 impl ClassifierConfig for ResNetFamily {
@@ -36,7 +44,9 @@ impl ClassifierConfig for ResNetFamily {
             152 => ResNetConfig::resnet152(num_classes),
             _ => ResNetConfig::resnet50(num_classes),
         };
-        layout.init(device)
+        layout
+            .with_zero_init_residual(self.zero_init_residual)
+            .init(device)
     }
 
     fn name(&self) -> String {
