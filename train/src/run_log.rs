@@ -111,21 +111,30 @@ impl RunLog {
         Ok(())
     }
 
-    /// Repairs the logs of a run resumed after `resumed_from` epochs so that each epoch appears
-    /// once: `metrics.jsonl` loses the lines of later epochs (logged before the crash, trained
-    /// again now) and regains, from the checkpoint's `history`, an epoch that was checkpointed but
-    /// not logged when the run died; such an epoch's scalars are written to TensorBoard too.
-    /// The new event file starts with a purge marker at the resumed epoch's first step, so
-    /// TensorBoard hides the per-step scalars of the interrupted epoch.
+    /// Starts the logs of a run that begins after `resumed_from` completed epochs.
+    ///
+    /// The new event file first gets TensorBoard's restart marker at the run's first step (0 on
+    /// a fresh start, the resumed epoch's first step otherwise), so TensorBoard hides the events
+    /// of earlier files in this directory at that step or later: those of an interrupted epoch,
+    /// or of an older run the fresh start replaces. Then, on resume, `metrics.jsonl` loses the
+    /// lines of later epochs (logged before the crash, trained again now) and regains, from the
+    /// checkpoint's `history`, an epoch that was checkpointed but not logged when the run died;
+    /// such an epoch's scalars are written to TensorBoard too.
     ///
     /// # Errors
     /// [`TrainError::Log`].
-    pub fn resume(
+    pub fn start(
         &mut self,
         history: &[EpochMetrics],
         resumed_from: usize,
         steps_per_epoch: usize,
     ) -> Result<(), TrainError> {
+        let first_step = match resumed_from {
+            0 => 0,
+            n => (n * steps_per_epoch + 1) as i64,
+        };
+        let error = self.event_error();
+        self.writer.add_session_start(first_step).map_err(error)?;
         if resumed_from == 0 {
             return Ok(());
         }
@@ -190,9 +199,7 @@ impl RunLog {
                 }
             );
         }
-        let first_step = (resumed_from * steps_per_epoch + 1) as i64;
-        let error = self.event_error();
-        self.writer.add_session_start(first_step).map_err(error)
+        Ok(())
     }
 }
 

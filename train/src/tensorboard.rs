@@ -73,9 +73,11 @@ impl SummaryWriter {
         }
     }
 
-    /// Marks a restart at `step`, as torch's `SummaryWriter(purge_step=step)`: TensorBoard hides
+    /// Marks a (re)start at `step`, as torch's `SummaryWriter(purge_step=step)`: TensorBoard hides
     /// the events of earlier files in this directory at steps `>= step` (those of a run that
-    /// crashed after its last checkpoint and is being resumed).
+    /// crashed after its last checkpoint and is being resumed). TensorBoard's current loader
+    /// treats the first marker of a directory as the start, not a restart, so every event file
+    /// should carry one.
     ///
     /// # Errors
     /// If the write fails.

@@ -259,7 +259,7 @@ where
             &schedule,
         );
         let mut log = RunLog::new(&expand_home(&args.log_dir))?;
-        log.resume(&start.history, start.resumed_from, steps_per_epoch)?;
+        log.start(&start.history, start.resumed_from, steps_per_epoch)?;
         Some(log)
     } else {
         None

@@ -115,7 +115,11 @@ fn an_epoch_checkpointed_but_not_logged_is_restored_on_resume() {
     let old_events: Vec<_> = std::fs::read_dir(&log_dir)
         .expect("ls")
         .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_none_or(|x| x != "jsonl"))
         .collect();
+    // A fresh run's event file starts with the restart marker at step 0.
+    assert_eq!(old_events.len(), 1, "{old_events:?}");
+    assert_eq!(read_session_starts(&old_events[0]).expect("read"), vec![0]);
 
     let output = run_ok(train_command(EXE, &run_dir, &train_dir, &val_dir).args([
         "--label-smoothing",
