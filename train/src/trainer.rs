@@ -210,47 +210,27 @@ where
         return test_only::<B, C>(ctx, config, device);
     }
     let args = &ctx.args;
-    let (rank, world_size) = (ctx.dist.rank(), ctx.dist.world_size());
-    let mut datasets = load_data(args, rank, world_size)?;
+    let mut datasets = load_data(args, ctx.dist.rank(), ctx.dist.world_size())?;
     let steps_per_epoch = datasets
         .train
         .batches_per_epoch()
         .min(args.max_steps_per_epoch.unwrap_or(usize::MAX));
-
-    B::seed(&device, args.seed);
-    let model = config.init::<B>(datasets.num_classes, &device);
-    let start = resume::start::<B, _, _>(
-        ctx,
-        model,
-        sgd::<B, C::Model<B>>(args),
-        &config.head(),
-        &device,
-    )?;
-    // Parameters (and BN buffers) first: that also gives every rank rank 0's parameter ids, by
-    // which the optimizer state is keyed; then the optimizer state.
-    let model = broadcast_parameters::<B, _>(ctx.comm(), start.model, 0)?;
-    let optimizer = DistributedOptimizer::new(
-        start.optimizer,
-        Arc::clone(&ctx.dist.comm),
-        DistributedConfig {
-            sync: sync_config(args),
-            // Sub-batches are accumulated here, one optimizer step per loader batch, as Horovod.
-            backward_passes_per_step: 1,
-        },
-    )
-    .broadcast_state(0, &device)?;
-
     let schedule = LrSchedule {
         base_lr: args.base_lr,
-        world_size,
+        world_size: ctx.dist.world_size(),
         batches_per_allreduce: args.batches_per_allreduce,
         warmup_epochs: args.warmup_epochs,
         batches_per_epoch: steps_per_epoch,
         decay: args.lr_schedule,
         epochs: args.epochs,
     };
+    let Started {
+        mut state,
+        resumed_from,
+        mut history,
+    } = start_training::<B, C>(ctx, config, datasets.num_classes, device)?;
     let mut log = if ctx.is_main() {
-        let params = models::num_trainable_params(&model) as f64 / 1e6;
+        let params = models::num_trainable_params(&state.model) as f64 / 1e6;
         print_config_table(
             ctx,
             &format!("{} ({params:.2} M parameters)", config.name()),
@@ -259,31 +239,25 @@ where
             &schedule,
         );
         let mut log = RunLog::new(&expand_home(&args.log_dir))?;
-        log.start(&start.history, start.resumed_from, steps_per_epoch)?;
+        log.start(&history, resumed_from, steps_per_epoch)?;
+        if resumed_from >= args.epochs {
+            println!(
+                "all {} epochs are done (checkpoint {} exists); pass more --epochs or another \
+                 --checkpoint-format to train again",
+                args.epochs,
+                args.checkpoint_path(resumed_from).display()
+            );
+        }
         Some(log)
     } else {
         None
     };
 
-    let mut state = TrainState {
-        model,
-        optimizer,
-        device,
-    };
-    let mut history = start.history;
     let mut summary = RunSummary {
-        resumed_from: start.resumed_from,
+        resumed_from,
         ..RunSummary::default()
     };
-    if start.resumed_from >= args.epochs && ctx.is_main() {
-        println!(
-            "all {} epochs are done (checkpoint {} exists); pass more --epochs or another \
-             --checkpoint-format to train again",
-            args.epochs,
-            args.checkpoint_path(start.resumed_from).display()
-        );
-    }
-    for epoch in start.resumed_from..args.epochs {
+    for epoch in resumed_from..args.epochs {
         let train = train_one_epoch(
             ctx,
             &mut state,
@@ -307,7 +281,7 @@ where
             // Checkpoint first, then log: a crash in between loses no epoch (resume restores its
             // line from the checkpoint) and duplicates none.
             history.push(metrics.clone());
-            save_checkpoint(args, world_size, &state, &history)?;
+            save_checkpoint(args, ctx.dist.world_size(), &state, &history)?;
             log.epoch(&metrics)?;
         }
         summary.epochs.push(metrics);
@@ -320,6 +294,62 @@ where
         }
     }
     Ok(summary)
+}
+
+/// What [`start_training`] hands to the epoch loop.
+struct Started<B: AutodiffBackend, M: AutodiffModule<B>> {
+    state: TrainState<B, M>,
+    /// Completed epochs.
+    resumed_from: usize,
+    /// Their figures (rank 0).
+    history: Vec<EpochMetrics>,
+}
+
+/// The model and optimizer every rank starts the epochs with: built by `config`, resumed or
+/// pretrained on rank 0 ([`resume::start`]), then broadcast.
+fn start_training<B, C>(
+    ctx: &RunContext,
+    config: &C,
+    num_classes: usize,
+    device: B::Device,
+) -> Result<Started<B, C::Model<B>>, TrainError>
+where
+    B: AutodiffBackend + CollectiveBackend,
+    B::InnerBackend: CollectiveBackend,
+    C: ClassifierConfig,
+{
+    let args = &ctx.args;
+    B::seed(&device, args.seed);
+    let model = config.init::<B>(num_classes, &device);
+    let start = resume::start::<B, _, _>(
+        ctx,
+        model,
+        sgd::<B, C::Model<B>>(args),
+        &config.head(),
+        &device,
+    )?;
+    // Parameters (and BN buffers) first: that also gives every rank rank 0's parameter ids, by
+    // which the optimizer state is keyed; then the optimizer state.
+    let model = broadcast_parameters::<B, _>(ctx.comm(), start.model, 0)?;
+    let optimizer = DistributedOptimizer::new(
+        start.optimizer,
+        Arc::clone(&ctx.dist.comm),
+        DistributedConfig {
+            sync: sync_config(args),
+            // Sub-batches are accumulated here, one optimizer step per loader batch, as Horovod.
+            backward_passes_per_step: 1,
+        },
+    )
+    .broadcast_state(0, &device)?;
+    Ok(Started {
+        state: TrainState {
+            model,
+            optimizer,
+            device,
+        },
+        resumed_from: start.resumed_from,
+        history: start.history,
+    })
 }
 
 /// Writes the checkpoint of the epoch `history` ends with, reads it back, and only then prunes
