@@ -53,3 +53,27 @@ impl ClassifierConfig for ResNetFamily {
         format!("resnet{}", self.depth)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::{Autodiff, Flex};
+
+    #[test]
+    fn zero_init_residual_zeroes_each_blocks_last_norm_only() {
+        let device = Default::default();
+        for (zero, want) in [(true, 0.0f32), (false, 1.0)] {
+            let family = ResNetFamily {
+                depth: 18,
+                zero_init_residual: zero,
+            };
+            let model = family.init::<Autodiff<Flex>>(4, &device);
+            for block in model.layer1.iter().chain(&model.layer4) {
+                let gamma: Vec<f32> = block.bn2.gamma.val().into_data().to_vec().expect("f32");
+                assert!(gamma.iter().all(|&g| g == want), "zero-init {zero}");
+                let first: Vec<f32> = block.bn1.gamma.val().into_data().to_vec().expect("f32");
+                assert!(first.iter().all(|&g| g == 1.0));
+            }
+        }
+    }
+}
