@@ -9,6 +9,7 @@
 mod app;
 pub mod checkpoint;
 pub mod cli;
+pub mod datasets;
 mod error;
 pub mod metrics;
 mod model;
@@ -25,11 +26,12 @@ pub use app::{
     synthetic_cache_dir,
 };
 pub use cli::{LrDecay, TrainArgs};
+pub use datasets::{Datasets, load_data};
 pub use error::TrainError;
 pub use metrics::{EpochMetrics, PhaseMetrics, batch_stats, per_sample_loss};
 pub use model::{ClassifierConfig, ResNetFamily};
 pub use schedule::LrSchedule;
-pub use trainer::{RunContext, RunSummary, evaluate, load_data, run};
+pub use trainer::{RunContext, RunSummary, evaluate, run};
 
 /// The README's Rust examples compile (`cargo test --doc`).
 #[doc = include_str!("../../README.md")]
