@@ -8,9 +8,6 @@ use image::{ImageFormat, ImageReader, RgbImage};
 
 use crate::DataError;
 
-/// How many trailing bytes of a JPEG are searched for the end-of-image marker.
-const EOI_SEARCH_WINDOW: usize = 4096;
-
 fn bad(path: &Path, reason: impl Into<String>) -> DataError {
     DataError::BadImage {
         path: path.to_path_buf(),
@@ -46,12 +43,8 @@ pub fn decode_bytes(bytes: &[u8]) -> Result<RgbImage, String> {
     match format {
         ImageFormat::Jpeg => {
             // zune-jpeg runs in lenient mode inside `image` and fills a truncated scan with grey;
-            // PIL (and so torchvision) rejects such files, so do we. Entropy-coded data never
-            // contains FF D9, so a missing end-of-image marker means a truncated file.
-            let tail = &bytes[bytes.len().saturating_sub(EOI_SEARCH_WINDOW)..];
-            if !tail.windows(2).any(|w| w == [0xFF, 0xD9]) {
-                return Err("truncated JPEG (no end-of-image marker)".into());
-            }
+            // PIL (and so torchvision) rejects such files, so do we.
+            jpeg_end_of_image(bytes)?;
         }
         ImageFormat::Png => {}
         other => {
@@ -73,6 +66,87 @@ pub fn decode_bytes(bytes: &[u8]) -> Result<RgbImage, String> {
     }
 }
 
+/// Walks a JPEG's marker segments from start-of-image to its end-of-image marker and returns the
+/// offset just past it, or why the file is incomplete.
+///
+/// Segments are skipped by their length, so an end-of-image marker inside one (the thumbnail JPEG
+/// of an EXIF block) does not count; entropy-coded data is scanned to the next real marker
+/// (`FF 00` is a stuffed byte, `FF D0`..`FF D7` restart markers), so progressive files with many
+/// scans are followed to their end. A second start-of-image marker before the end means a cut
+/// image with other data appended, and is refused too. Whatever follows the end of the image (phone cameras append
+/// depth maps and vendor data) is ignored, as libjpeg and PIL ignore it. Stray bytes between
+/// segments are skipped like libjpeg does (it only warns about them).
+///
+/// # Errors
+/// A reason naming the byte offset where the file ends too early.
+pub fn jpeg_end_of_image(bytes: &[u8]) -> Result<usize, String> {
+    let truncated = |at: usize| {
+        format!(
+            "truncated JPEG (the file ends at byte {} before the end-of-image marker, at {at})",
+            bytes.len()
+        )
+    };
+    if !bytes.starts_with(&[0xFF, 0xD8]) {
+        return Err("not a JPEG file (no start-of-image marker)".into());
+    }
+    let mut at = 2;
+    loop {
+        // The next marker: stray bytes, then any number of 0xFF fill bytes, then the code.
+        let ff = bytes[at.min(bytes.len())..]
+            .iter()
+            .position(|&b| b == 0xFF)
+            .ok_or_else(|| truncated(at))?;
+        at += ff;
+        while bytes.get(at) == Some(&0xFF) {
+            at += 1;
+        }
+        let marker = *bytes.get(at).ok_or_else(|| truncated(at))?;
+        at += 1;
+        match marker {
+            0xD9 => return Ok(at),
+            // A new image before this one ended: this one was cut and something appended.
+            0xD8 => {
+                return Err(format!(
+                    "truncated JPEG (another image starts at byte {} before this one's \
+                     end-of-image marker)",
+                    at - 2
+                ));
+            }
+            // Standalone markers (TEM, RSTn) and a stuffed zero outside a scan carry no length.
+            0x00 | 0x01 | 0xD0..=0xD7 => continue,
+            _ => {}
+        }
+        let len_bytes = bytes.get(at..at + 2).ok_or_else(|| truncated(at))?;
+        let len = usize::from(u16::from_be_bytes([len_bytes[0], len_bytes[1]]));
+        if len < 2 {
+            return Err(format!(
+                "corrupt JPEG (segment FF {marker:02X} at byte {} has length {len})",
+                at - 2
+            ));
+        }
+        at += len;
+        if at > bytes.len() {
+            return Err(truncated(at));
+        }
+        if marker == 0xDA {
+            // Entropy-coded data follows the scan header, up to the next marker that is not a
+            // stuffed byte (FF 00) or a restart marker.
+            loop {
+                let ff = bytes[at..]
+                    .iter()
+                    .position(|&b| b == 0xFF)
+                    .ok_or_else(|| truncated(bytes.len()))?;
+                at += ff;
+                match bytes.get(at + 1) {
+                    None => return Err(truncated(at + 1)),
+                    Some(0x00 | 0xD0..=0xD7) => at += 2,
+                    Some(_) => break,
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,5 +159,37 @@ mod tests {
                 .contains("empty")
         );
         assert!(decode_bytes(b"hello world, not an image").is_err());
+    }
+
+    /// SOI, an APP1 segment holding `payload`, a scan header, `scan` as entropy-coded data, EOI.
+    fn skeleton(payload: &[u8], scan: &[u8]) -> Vec<u8> {
+        let mut out = vec![0xFF, 0xD8, 0xFF, 0xE1];
+        out.extend_from_slice(&((payload.len() + 2) as u16).to_be_bytes());
+        out.extend_from_slice(payload);
+        out.extend_from_slice(&[0xFF, 0xDA, 0x00, 0x08, 1, 1, 0, 0, 63, 0]);
+        out.extend_from_slice(scan);
+        out.extend_from_slice(&[0xFF, 0xD9]);
+        out
+    }
+
+    #[test]
+    fn the_marker_walk_finds_the_real_end_of_image() {
+        // An end-of-image marker inside the APP1 segment and stuffed bytes and restart markers
+        // inside the scan do not end the image.
+        let scan = [0x12, 0xFF, 0x00, 0x34, 0xFF, 0xD3, 0x56];
+        let file = skeleton(&[0xFF, 0xD8, 0xAA, 0xFF, 0xD9], &scan);
+        assert_eq!(jpeg_end_of_image(&file), Ok(file.len()));
+        let mut with_trailer = file.clone();
+        with_trailer.extend(std::iter::repeat_n(0xAB, 70_000));
+        assert_eq!(jpeg_end_of_image(&with_trailer), Ok(file.len()));
+        // Cut anywhere before the last byte: truncated, even though the APP1 payload holds FF D9.
+        for cut in [3, 6, 11, file.len() - 4, file.len() - 1] {
+            let error = jpeg_end_of_image(&file[..cut]).expect_err("truncated");
+            assert!(error.starts_with("truncated JPEG"), "cut {cut}: {error}");
+        }
+        // Fill bytes before a marker are allowed.
+        let mut filled = file.clone();
+        filled.splice(2..2, [0xFF, 0xFF]);
+        assert_eq!(jpeg_end_of_image(&filled), Ok(filled.len()));
     }
 }

@@ -41,7 +41,7 @@ pub mod synthetic;
 pub mod transform;
 
 pub use batch::{Batch, BatchImages, f32_images_to_tensor, u8_images_to_tensor};
-pub use decode::{decode_bytes, decode_file};
+pub use decode::{decode_bytes, decode_file, jpeg_end_of_image};
 pub use error::DataError;
 pub use folder::{IMAGE_EXTENSIONS, ImageFolder, Sample, has_image_extension};
 pub use loader::{BadImagePolicy, EpochIter, Loader, LoaderConfig, OutputFormat, sample_rng};

@@ -6,9 +6,11 @@
 //! per-pixel noise, so it is not trivial, but colour and stripes survive `RandomResizedCrop` at
 //! 64 px: a small ResNet separates the classes in a couple of epochs.
 //!
-//! Layout: `root/train/<class>/<i>.jpg`, `root/val/<class>/<i>.jpg`, then a marker file written
-//! last. [`generate`] returns at once when the marker matches the configuration, and rewrites the
-//! splits otherwise (a half-written folder has no marker).
+//! Layout: `root/train/<class>/<i>.jpg`, `root/val/<class>/<i>.jpg`, and a marker file written
+//! last. [`generate`] returns at once when the marker matches the configuration; otherwise it
+//! writes the whole set into a temporary sibling folder and renames it into place, so readers
+//! never see half a dataset and several writers (processes of one job, nodes sharing a file
+//! system) never mix their files: the first rename wins and the others discard their copy.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -124,8 +126,7 @@ pub fn generate(
         val_images: cfg.classes * cfg.val_per_class,
         reused: false,
     };
-    let marker = root.join(MARKER_FILE);
-    if std::fs::read_to_string(&marker).is_ok_and(|m| m == marker_text(cfg)) {
+    if is_complete(root, cfg) {
         return Ok(SyntheticSummary {
             reused: true,
             ..summary
@@ -135,18 +136,75 @@ pub fn generate(
         let path = path.to_path_buf();
         move |source| DataError::Write { path, source }
     };
-    // Incomplete or different: start over.
-    if marker.exists() {
-        std::fs::remove_file(&marker).map_err(write_err(&marker))?;
+    let parent = match root.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(write_err(&parent))?;
+    let name = root
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "synthetic".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    static WRITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let writer = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = parent.join(format!(
+        ".{name}.tmp-{}-{writer}-{nanos}",
+        std::process::id()
+    ));
+    let written = write_splits(&tmp, cfg, &classes);
+    if let Err(error) = written {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(error);
     }
+    let reused = SyntheticSummary {
+        reused: true,
+        ..summary.clone()
+    };
+    // Another writer finished first: keep its set.
+    if is_complete(root, cfg) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Ok(reused);
+    }
+    // An older or incomplete set: replace it.
+    if root.exists() {
+        std::fs::remove_dir_all(root).map_err(write_err(root))?;
+    }
+    match std::fs::rename(&tmp, root) {
+        Ok(()) => Ok(summary),
+        Err(source) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            if is_complete(root, cfg) {
+                Ok(reused)
+            } else {
+                Err(DataError::Write {
+                    path: root.to_path_buf(),
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// Whether `root` holds a complete set generated with `cfg` (its marker, written last, matches).
+pub fn is_complete(root: impl AsRef<Path>, cfg: &SyntheticConfig) -> bool {
+    std::fs::read_to_string(root.as_ref().join(MARKER_FILE)).is_ok_and(|m| m == marker_text(cfg))
+}
+
+/// Writes both splits and, last, the marker under `root` (a fresh folder).
+fn write_splits(root: &Path, cfg: &SyntheticConfig, classes: &[String]) -> Result<(), DataError> {
+    let write_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| DataError::Write { path, source }
+    };
     let mut jobs = Vec::new();
     for (split, dir, per_class) in [
-        (0u64, &summary.train_dir, cfg.train_per_class),
-        (1u64, &summary.val_dir, cfg.val_per_class),
+        (0u64, root.join("train"), cfg.train_per_class),
+        (1u64, root.join("val"), cfg.val_per_class),
     ] {
-        if dir.exists() {
-            std::fs::remove_dir_all(dir).map_err(write_err(dir))?;
-        }
         for (k, class) in classes.iter().enumerate() {
             let class_dir = dir.join(class);
             std::fs::create_dir_all(&class_dir).map_err(write_err(&class_dir))?;
@@ -162,11 +220,11 @@ pub fn generate(
         let (w, h, rgb) = render(&mut rng, *k, cfg);
         write_jpeg(path, &rgb, w, h, cfg.quality)
     })?;
+    let marker = root.join(MARKER_FILE);
     let mut f = File::create(&marker).map_err(write_err(&marker))?;
     f.write_all(marker_text(cfg).as_bytes())
         .and_then(|()| f.sync_all())
-        .map_err(write_err(&marker))?;
-    Ok(summary)
+        .map_err(write_err(&marker))
 }
 
 /// Marker written after [`generate_imagenet_like`]'s last image.

@@ -153,3 +153,34 @@ fn permission_denied_is_a_bad_file() {
     }
     assert_bad(&p, "cannot read");
 }
+
+#[test]
+fn a_phone_photo_with_a_64_kib_trailer_decodes() {
+    // Pillow's JPEG with an EXIF thumbnail (its own FF D9 inside APP1) and 64 KiB of embedded data
+    // after the end of the image, as phone cameras write.
+    let path = common::fixtures().join("photos/phone_trailer.jpg");
+    let bytes = std::fs::read(&path).expect("fixture");
+    // The old check looked for FF D9 in the last 4 KiB only; this file has none there.
+    assert!(
+        !bytes[bytes.len() - 4096..]
+            .windows(2)
+            .any(|w| w == [0xFF, 0xD9])
+    );
+    let end = data::jpeg_end_of_image(&bytes).expect("complete image");
+    assert_eq!(bytes.len() - end, 65536, "the trailer is 64 KiB");
+    let image = decode_file(&path).expect("decodes");
+    assert_eq!(image.dimensions(), (500, 375));
+
+    // Cut inside the main image's scan: truncated, although the EXIF thumbnail and the trailer
+    // both hold FF D9 markers.
+    let dir = tempfile::tempdir().expect("tempdir");
+    for keep in [end / 2, end - 2] {
+        let cut = dir.path().join(format!("cut_{keep}.jpg"));
+        let mut truncated = bytes[..keep].to_vec();
+        truncated.extend_from_slice(&bytes[end..]);
+        std::fs::write(&cut, &truncated).expect("write");
+        assert_bad(&cut, "truncated");
+        std::fs::write(&cut, &bytes[..keep]).expect("write");
+        assert_bad(&cut, "truncated");
+    }
+}

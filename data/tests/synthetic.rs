@@ -117,3 +117,34 @@ fn imagenet_like_benchmark_set() {
     // Second call: already complete, nothing written.
     assert!(!data::synthetic::generate_imagenet_like(&root, 5, 1).expect("generate"));
 }
+
+#[test]
+fn concurrent_writers_leave_one_complete_set_and_no_temporary_folders() {
+    let parent = tempfile::tempdir().expect("tempdir");
+    let root = parent.path().join("synthetic");
+    let cfg = small();
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let writers: Vec<_> = (0..3)
+            .map(|_| scope.spawn(|| generate(&root, &cfg)))
+            .collect();
+        writers
+            .into_iter()
+            .map(|w| w.join().expect("writer thread"))
+            .collect()
+    });
+    for result in &results {
+        let summary = result.as_ref().expect("every writer succeeds");
+        assert_eq!(summary.train_dir, root.join("train"));
+    }
+    assert!(data::synthetic::is_complete(&root, &cfg));
+    let train = data::ImageFolder::new(root.join("train")).expect("train folder");
+    assert_eq!(train.len(), cfg.classes * cfg.train_per_class);
+    for sample in train.samples() {
+        data::decode_file(&sample.path).expect("a whole JPEG");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(parent.path())
+        .expect("ls")
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .collect();
+    assert_eq!(leftovers, vec![std::ffi::OsString::from("synthetic")]);
+}

@@ -46,9 +46,8 @@ pub enum ModelError {
     },
     /// Keys that the model and the file do not share.
     #[error(
-        "{path} does not match the model: {} key(s) in the model missing from the file (first: {:?}), \
-         {} key(s) in the file unknown to the model (first: {:?})",
-        missing.len(), missing.first(), unexpected.len(), unexpected.first()
+        "{path} does not match the model: {}; was it saved from another architecture or depth?",
+        key_lists(missing, unexpected)
     )]
     KeyMismatch {
         /// The file.
@@ -58,4 +57,33 @@ pub enum ModelError {
         /// File keys with no parameter in the model.
         unexpected: Vec<String>,
     },
+}
+
+/// How many keys of each list an error message names before it says "and N more".
+const KEYS_SHOWN: usize = 12;
+
+fn key_lists(missing: &[String], unexpected: &[String]) -> String {
+    let list = |keys: &[String]| {
+        let mut text = keys[..keys.len().min(KEYS_SHOWN)].join(", ");
+        if keys.len() > KEYS_SHOWN {
+            text.push_str(&format!(", and {} more", keys.len() - KEYS_SHOWN));
+        }
+        text
+    };
+    let mut parts = Vec::new();
+    if !missing.is_empty() {
+        parts.push(format!(
+            "{} key(s) of the model missing from the file: {}",
+            missing.len(),
+            list(missing)
+        ));
+    }
+    if !unexpected.is_empty() {
+        parts.push(format!(
+            "{} key(s) in the file unknown to the model: {}",
+            unexpected.len(),
+            list(unexpected)
+        ));
+    }
+    parts.join("; ")
 }

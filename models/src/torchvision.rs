@@ -5,6 +5,11 @@
 //! `num_batches_tracked`, which Burn's momentum-based BatchNorm has no use for: it is written as 0
 //! and ignored on load), and a `Linear` weight is stored `[in, out]` in Burn and `[out, in]` in torch.
 //! Everything else is the module path, which for our models is torchvision's already.
+//!
+//! Files saved from a model wrapped in PyTorch's `DistributedDataParallel` carry a `module.`
+//! prefix on every key; [`load`] accepts them as they are. Fine-tuning onto another class count
+//! loads everything but the classifier head with [`load_with`] and
+//! [`LoadOptions::skip_mismatched`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -134,25 +139,73 @@ pub fn save<B: Backend, M: Module<B>>(module: &M, path: &Path) -> Result<(), Mod
     })
 }
 
-/// Loads weights saved by [`save`] or by torchvision (`safetensors.torch.save_file(model.state_dict())`).
+/// DDP's prefix: `torch.nn.parallel.DistributedDataParallel(model).state_dict()` names every
+/// tensor `module.<key>`.
+pub const DDP_PREFIX: &str = "module.";
+
+/// How [`load_with`] treats a file that does not fit the model exactly.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Module paths (e.g. `fc`) whose tensors keep the model's own values when the file's shape
+    /// differs, instead of failing: fine-tuning a classifier onto another number of classes. Every
+    /// other shape difference is still an error.
+    pub skip_mismatched: Vec<String>,
+}
+
+/// A tensor of the file that [`load_with`] left out because its shape does not fit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedTensor {
+    /// The torchvision key (without DDP's `module.` prefix).
+    pub key: String,
+    /// Its shape in the file.
+    pub file_shape: Vec<usize>,
+    /// The model's shape (torch layout), which kept its initial values.
+    pub model_shape: Vec<usize>,
+}
+
+/// What [`load_with`] did besides loading.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Whether the keys carried DDP's `module.` prefix.
+    pub stripped_ddp_prefix: bool,
+    /// Tensors left out under [`LoadOptions::skip_mismatched`].
+    pub skipped: Vec<SkippedTensor>,
+}
+
+/// Loads weights saved by [`save`] or by torchvision (`safetensors.torch.save_file(model.state_dict())`),
+/// with or without DDP's `module.` prefix.
 ///
 /// Every parameter of the module must be in the file and every key of the file in the module
 /// (`num_batches_tracked` aside), with the same shapes; F32, F64, F16 and BF16 tensors are accepted.
 ///
 /// # Errors
-/// [`ModelError::Io`], [`ModelError::Format`], [`ModelError::ShapeMismatch`] or
-/// [`ModelError::KeyMismatch`] naming the first offending key.
+/// [`ModelError::Io`], [`ModelError::Format`], [`ModelError::ShapeMismatch`] naming the first
+/// offending key, or [`ModelError::KeyMismatch`] listing every missing and unknown key.
 pub fn load<B: Backend, M: Module<B>>(
     module: M,
     path: &Path,
     device: &B::Device,
 ) -> Result<M, ModelError> {
+    load_with(module, path, device, &LoadOptions::default()).map(|(module, _)| module)
+}
+
+/// [`load`] with options: tensors under [`LoadOptions::skip_mismatched`] whose shape differs are
+/// left as initialised and listed in the report.
+///
+/// # Errors
+/// As [`load`].
+pub fn load_with<B: Backend, M: Module<B>>(
+    module: M,
+    path: &Path,
+    device: &B::Device,
+    options: &LoadOptions,
+) -> Result<(M, LoadReport), ModelError> {
     let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
         op: "read",
         path: path.to_path_buf(),
         source,
     })?;
-    from_safetensors_bytes(module, &bytes, path, device)
+    from_safetensors_bytes_with(module, &bytes, path, device, options)
 }
 
 /// [`load`] from bytes in memory; `path` only names the source in errors.
@@ -165,12 +218,35 @@ pub fn from_safetensors_bytes<B: Backend, M: Module<B>>(
     path: &Path,
     device: &B::Device,
 ) -> Result<M, ModelError> {
+    from_safetensors_bytes_with(module, bytes, path, device, &LoadOptions::default())
+        .map(|(module, _)| module)
+}
+
+/// [`load_with`] from bytes in memory; `path` only names the source in errors.
+///
+/// # Errors
+/// As [`load`].
+pub fn from_safetensors_bytes_with<B: Backend, M: Module<B>>(
+    module: M,
+    bytes: &[u8],
+    path: &Path,
+    device: &B::Device,
+    options: &LoadOptions,
+) -> Result<(M, LoadReport), ModelError> {
     let file = SafeTensors::deserialize(bytes).map_err(|e| ModelError::Format {
         path: path.to_path_buf(),
         reason: e.to_string(),
     })?;
+    let all = file.tensors();
+    // DDP's prefix is all or nothing: a file where only some keys carry it is not DDP's.
+    let stripped_ddp_prefix = !all.is_empty() && all.iter().all(|(k, _)| k.starts_with(DDP_PREFIX));
     let mut tensors = HashMap::new();
-    for (key, view) in file.tensors() {
+    for (key, view) in all {
+        let key = if stripped_ddp_prefix {
+            key[DDP_PREFIX.len()..].to_string()
+        } else {
+            key
+        };
         if key.ends_with(NUM_BATCHES_TRACKED) {
             continue;
         }
@@ -182,6 +258,8 @@ pub fn from_safetensors_bytes<B: Backend, M: Module<B>>(
         file: path,
         tensors,
         missing: Vec::new(),
+        skipped: Vec::new(),
+        skip_mismatched: &options.skip_mismatched,
         error: None,
         device: device.clone(),
     };
@@ -198,7 +276,13 @@ pub fn from_safetensors_bytes<B: Backend, M: Module<B>>(
             unexpected,
         });
     }
-    Ok(module)
+    Ok((
+        module,
+        LoadReport {
+            stripped_ddp_prefix,
+            skipped: importer.skipped,
+        },
+    ))
 }
 
 struct Importer<'a, B: Backend> {
@@ -207,6 +291,8 @@ struct Importer<'a, B: Backend> {
     /// Tensors not yet claimed by a parameter.
     tensors: HashMap<String, TensorView<'a>>,
     missing: Vec<String>,
+    skipped: Vec<SkippedTensor>,
+    skip_mismatched: &'a [String],
     error: Option<ModelError>,
     device: B::Device,
 }
@@ -223,6 +309,20 @@ impl<B: Backend> Importer<'_, B> {
             torch_shape.reverse();
         }
         let values = decode_f32(&view);
+        let under_skip = |prefix: &String| {
+            key == *prefix
+                || key
+                    .strip_prefix(prefix.as_str())
+                    .is_some_and(|r| r.starts_with('.'))
+        };
+        if view.shape() != torch_shape && self.skip_mismatched.iter().any(under_skip) {
+            self.skipped.push(SkippedTensor {
+                key,
+                file_shape: view.shape().to_vec(),
+                model_shape: torch_shape.to_vec(),
+            });
+            return None;
+        }
         if view.shape() != torch_shape || values.is_none() {
             self.error.get_or_insert(ModelError::ShapeMismatch {
                 path: self.file.to_path_buf(),

@@ -218,3 +218,172 @@ fn truncated_file_is_a_format_error() {
     assert!(matches!(error, ModelError::Format { .. }), "{error}");
     assert!(error.to_string().contains("r18.safetensors"));
 }
+
+/// The same tensors under other names: `rename(key)` gives the new key, `None` drops the tensor;
+/// `extra` tensors (f32 zeros of the given shape) are added.
+fn rewrite_keys(
+    bytes: &[u8],
+    rename: impl Fn(&str) -> Option<String>,
+    extra: &[(&str, Vec<usize>)],
+) -> Vec<u8> {
+    let file = SafeTensors::deserialize(bytes).expect("parse");
+    let extra_bytes: Vec<Vec<u8>> = extra
+        .iter()
+        .map(|(_, shape)| vec![0u8; 4 * shape.iter().product::<usize>()])
+        .collect();
+    let mut views: Vec<(String, TensorView<'_>)> = file
+        .tensors()
+        .into_iter()
+        .filter_map(|(key, view)| rename(&key).map(|k| (k, view)))
+        .collect();
+    for ((key, shape), bytes) in extra.iter().zip(&extra_bytes) {
+        views.push((
+            key.to_string(),
+            TensorView::new(Dtype::F32, shape.clone(), bytes).expect("view"),
+        ));
+    }
+    safetensors::serialize(views, None).expect("serialise")
+}
+
+#[test]
+fn ddp_module_prefix_is_accepted() {
+    let device = Default::default();
+    TestBackend::seed(&device, 5);
+    let original = ResNetConfig::resnet18(10).init::<TestBackend>(&device);
+    let plain = torchvision::to_safetensors_bytes(&original).expect("serialise");
+    let ddp = rewrite_keys(&plain, |k| Some(format!("module.{k}")), &[]);
+    let path = std::path::Path::new("ddp.safetensors");
+
+    TestBackend::seed(&device, 6);
+    let fresh = ResNetConfig::resnet18(10).init::<TestBackend>(&device);
+    let (loaded, report) = torchvision::from_safetensors_bytes_with(
+        fresh,
+        &ddp,
+        path,
+        &device,
+        &torchvision::LoadOptions::default(),
+    )
+    .expect("DDP keys load");
+    assert!(report.stripped_ddp_prefix);
+    assert!(report.skipped.is_empty());
+    assert_eq!(
+        torchvision::to_safetensors_bytes(&loaded).expect("serialise"),
+        plain,
+        "every tensor arrives under its unprefixed name"
+    );
+
+    // Only some keys prefixed: not DDP's layout, so they are unknown keys.
+    let mixed = rewrite_keys(
+        &plain,
+        |k| {
+            Some(if k == "conv1.weight" {
+                format!("module.{k}")
+            } else {
+                k.to_string()
+            })
+        },
+        &[],
+    );
+    let error = torchvision::from_safetensors_bytes(original, &mixed, path, &device)
+        .expect_err("half-prefixed file");
+    assert!(
+        matches!(&error, ModelError::KeyMismatch { missing, unexpected, .. }
+            if missing == &["conv1.weight"] && unexpected == &["module.conv1.weight"]),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_mismatched_head_is_skipped_only_when_asked_and_the_rest_loads() {
+    let device = Default::default();
+    TestBackend::seed(&device, 7);
+    let pretrained = ResNetConfig::resnet18(1000).init::<TestBackend>(&device);
+    let bytes = rewrite_keys(
+        &torchvision::to_safetensors_bytes(&pretrained).expect("serialise"),
+        |k| Some(format!("module.{k}")),
+        &[],
+    );
+    let path = std::path::Path::new("imagenet.safetensors");
+
+    TestBackend::seed(&device, 8);
+    let target = ResNetConfig::resnet18(4).init::<TestBackend>(&device);
+    let head_before = target.fc.weight.val().into_data();
+    let strict = torchvision::from_safetensors_bytes(target.clone(), &bytes, path, &device)
+        .expect_err("1000 classes do not fit 4 without skipping");
+    assert!(
+        matches!(&strict, ModelError::ShapeMismatch { key, .. } if key == "fc.weight"),
+        "{strict}"
+    );
+
+    let options = torchvision::LoadOptions {
+        skip_mismatched: vec!["fc".into()],
+    };
+    let (tuned, report) =
+        torchvision::from_safetensors_bytes_with(target, &bytes, path, &device, &options)
+            .expect("head skipped");
+    let skipped: Vec<(&str, &[usize], &[usize])> = report
+        .skipped
+        .iter()
+        .map(|s| (s.key.as_str(), &s.file_shape[..], &s.model_shape[..]))
+        .collect();
+    assert_eq!(
+        skipped,
+        vec![
+            ("fc.weight", &[1000, 512][..], &[4, 512][..]),
+            ("fc.bias", &[1000][..], &[4][..]),
+        ]
+    );
+    // The head kept its initial values; the trunk is the file's.
+    assert_eq!(tuned.fc.weight.val().into_data(), head_before);
+    assert_eq!(
+        tuned.conv1.weight.val().into_data(),
+        pretrained.conv1.weight.val().into_data()
+    );
+    assert_eq!(
+        tuned.layer4[1].bn2.running_var.value().into_data(),
+        pretrained.layer4[1].bn2.running_var.value().into_data()
+    );
+
+    // A mismatch outside the skipped head is still an error.
+    let target = ResNetConfig::resnet34(4).init::<TestBackend>(&device);
+    let error = torchvision::from_safetensors_bytes_with(target, &bytes, path, &device, &options)
+        .expect_err("ResNet-34 has more blocks than the file");
+    assert!(matches!(error, ModelError::KeyMismatch { .. }), "{error}");
+}
+
+#[test]
+fn a_key_mismatch_lists_every_missing_and_unknown_key() {
+    let device = Default::default();
+    let model = ResNetConfig::resnet18(10).init::<TestBackend>(&device);
+    let bytes = rewrite_keys(
+        &torchvision::to_safetensors_bytes(&model).expect("serialise"),
+        |k| (!k.starts_with("layer4.1.")).then(|| k.to_string()),
+        &[("aux_head.weight", vec![2, 2]), ("aux_head.bias", vec![2])],
+    );
+    let error = torchvision::from_safetensors_bytes(
+        model,
+        &bytes,
+        std::path::Path::new("partial.safetensors"),
+        &device,
+    )
+    .expect_err("keys differ");
+    let message = error.to_string();
+    for key in [
+        "layer4.1.conv1.weight",
+        "layer4.1.bn1.weight",
+        "layer4.1.bn2.running_var",
+        "aux_head.weight",
+        "aux_head.bias",
+        "partial.safetensors",
+    ] {
+        assert!(message.contains(key), "{key} missing from: {message}");
+    }
+    assert!(
+        message.contains("10 key(s) of the model missing"),
+        "{message}"
+    );
+    assert!(
+        message.contains("2 key(s) in the file unknown"),
+        "{message}"
+    );
+}

@@ -3,11 +3,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use burn::backend::{Autodiff, Flex};
 use burn_dist::{CommBackend, DistOptions, LaunchConfig};
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
+use data::synthetic::{SyntheticConfig, SyntheticSummary};
 
 use crate::TrainError;
 use crate::cli::{InvalidArgs, TrainArgs, expand_home};
@@ -32,10 +34,12 @@ pub fn synthetic_cache_dir() -> PathBuf {
     crate::cuda_setup::cache_root().join("synthetic-imagenet-v1")
 }
 
-/// Generates the quickstart's dataset, once per machine: under torchrun or srun every process
-/// starts here at the same moment, so the first to take the lock writes it and the others wait,
-/// then reuse it.
-fn generate_synthetic_once(cache: &Path) -> Result<data::synthetic::SyntheticSummary, TrainError> {
+/// Generates the quickstart's dataset, once per machine even for several jobs started at once:
+/// the first process to take the lock writes it, later ones wait for the lock, then reuse it.
+fn generate_synthetic_once(
+    cache: &Path,
+    cfg: &SyntheticConfig,
+) -> Result<SyntheticSummary, TrainError> {
     let lock_path = cache.with_extension("lock");
     let lock_err = |source| TrainError::Log {
         path: lock_path.clone(),
@@ -46,24 +50,54 @@ fn generate_synthetic_once(cache: &Path) -> Result<data::synthetic::SyntheticSum
     }
     let lock = std::fs::File::create(&lock_path).map_err(lock_err)?;
     lock.lock().map_err(lock_err)?;
-    Ok(data::synthetic::generate(
-        cache,
-        &data::synthetic::SyntheticConfig::default(),
-    )?)
+    Ok(data::synthetic::generate(cache, cfg)?)
 }
 
+/// The quickstart's dataset, for the line rank 0 prints.
+#[derive(Debug, Clone)]
+pub struct Quickstart {
+    /// Where the user's `--train-dir` (the default) pointed.
+    pub missing_train_dir: PathBuf,
+    /// The generated (or reused) dataset.
+    pub dataset: SyntheticSummary,
+    /// Its folder.
+    pub root: PathBuf,
+}
+
+impl Quickstart {
+    /// The line saying what happens instead of ImageNet.
+    pub fn describe(&self) -> String {
+        format!(
+            "no ImageNet at {}: quickstart on the synthetic dataset in {} ({} train / {} val \
+             JPEGs, {})",
+            self.missing_train_dir.display(),
+            self.root.display(),
+            self.dataset.train_images,
+            self.dataset.val_images,
+            if self.dataset.reused {
+                "reused"
+            } else {
+                "generated now"
+            }
+        )
+    }
+}
+
+/// How long a process waits for its node's local rank 0 to write the quickstart dataset.
+pub const QUICKSTART_WAIT: Duration = Duration::from_secs(600);
+
 /// Parses the flags (with the quickstart applied when there is no ImageNet and no `--train-dir`).
-/// Returns the flags and whether the quickstart is on.
+/// Returns the flags and, for the quickstart, its dataset.
 ///
 /// # Errors
-/// The synthetic dataset cannot be written.
-pub fn parse_args() -> Result<(TrainArgs, bool), TrainError> {
+/// The synthetic dataset cannot be written, or did not appear in time.
+pub fn parse_args() -> Result<(TrainArgs, Option<Quickstart>), TrainError> {
     let matches = TrainArgs::command().get_matches();
     let mut args = TrainArgs::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let from_user = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
     let quickstart = !from_user("train_dir") && !expand_home(&args.train_dir).exists();
     if !quickstart {
-        return Ok((args, false));
+        return Ok((args, None));
     }
     let mut argv: Vec<String> = std::env::args().collect();
     for (id, value) in QUICKSTART {
@@ -71,28 +105,59 @@ pub fn parse_args() -> Result<(TrainArgs, bool), TrainError> {
             argv.push(format!("--{}={value}", id.replace('_', "-")));
         }
     }
-    let cache = synthetic_cache_dir();
-    let summary = generate_synthetic_once(&cache)?;
-    if !burn_dist::is_worker_env() || burn_dist::World::from_env().is_ok_and(|w| w.is_main()) {
-        println!(
-            "no ImageNet at {}: quickstart on the synthetic dataset in {} ({} train / {} val JPEGs, {})",
-            args.train_dir.display(),
-            cache.display(),
-            summary.train_images,
-            summary.val_images,
-            if summary.reused {
-                "reused"
-            } else {
-                "generated now"
-            }
-        );
-    }
+    let root = synthetic_cache_dir();
+    let dataset = quickstart_dataset(&root, &SyntheticConfig::default())?;
+    let missing_train_dir = args.train_dir.clone();
     args = TrainArgs::try_parse_from(&argv).unwrap_or_else(|e| e.exit());
-    args.train_dir = summary.train_dir;
+    args.train_dir = dataset.train_dir.clone();
     if !from_user("val_dir") {
-        args.val_dir = summary.val_dir;
+        args.val_dir = dataset.val_dir.clone();
     }
-    Ok((args, true))
+    Ok((
+        args,
+        Some(Quickstart {
+            missing_train_dir,
+            dataset,
+            root,
+        }),
+    ))
+}
+
+/// One process per node writes the quickstart dataset: the launcher before it starts its
+/// workers, or, under torchrun, SLURM or MPI, local rank 0; the others wait for its marker.
+fn quickstart_dataset(root: &Path, cfg: &SyntheticConfig) -> Result<SyntheticSummary, TrainError> {
+    let local_rank = if burn_dist::is_worker_env() {
+        // An unreadable environment is reported by the launcher later; writing is safe anyway.
+        burn_dist::World::from_env().map_or(0, |w| w.local_rank)
+    } else {
+        0
+    };
+    if local_rank == 0 {
+        generate_synthetic_once(root, cfg)
+    } else {
+        wait_for_dataset(root, cfg, QUICKSTART_WAIT)
+    }
+}
+
+/// Waits until another process has written the dataset `cfg` describes under `root`.
+fn wait_for_dataset(
+    root: &Path,
+    cfg: &SyntheticConfig,
+    timeout: Duration,
+) -> Result<SyntheticSummary, TrainError> {
+    let started = Instant::now();
+    while !data::synthetic::is_complete(root, cfg) {
+        if started.elapsed() >= timeout {
+            return Err(TrainError::QuickstartTimeout {
+                root: root.to_path_buf(),
+                marker: root.join(data::synthetic::MARKER_FILE),
+                seconds: timeout.as_secs(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Complete: this only reads the marker and fills in the paths.
+    Ok(data::synthetic::generate(root, cfg)?)
 }
 
 /// Runs the whole job for the model `make` builds from the flags: launches one process per device
@@ -124,7 +189,11 @@ fn try_main<C: ClassifierConfig>(
 ) -> Result<(), TrainError> {
     let (args, quickstart) = parse_args()?;
     args.validate()?;
-    for (flag, dir) in [("train-dir", &args.train_dir), ("val-dir", &args.val_dir)] {
+    let mut dirs = vec![("val-dir", &args.val_dir)];
+    if !args.test_only {
+        dirs.insert(0, ("train-dir", &args.train_dir));
+    }
+    for (flag, dir) in dirs {
         let path = expand_home(dir);
         if let Err(error) = std::fs::read_dir(&path) {
             return Err(InvalidArgs {
@@ -132,6 +201,20 @@ fn try_main<C: ClassifierConfig>(
                 reason: format!(
                     "cannot read the directory {}: {error}; point it at an ImageFolder \
                      (<dir>/<class>/<image>.JPEG)",
+                    path.display()
+                ),
+            }
+            .into());
+        }
+    }
+    if let Some(weights) = &args.weights {
+        let path = expand_home(weights);
+        if let Err(error) = std::fs::metadata(&path) {
+            return Err(InvalidArgs {
+                flag: "weights",
+                reason: format!(
+                    "cannot read {}: {error}; pass a torchvision state_dict saved with \
+                     safetensors.torch.save_file",
                     path.display()
                 ),
             }
@@ -150,6 +233,9 @@ fn try_main<C: ClassifierConfig>(
         rdzv_id: args.rdzv_id.clone(),
     };
     let world = burn_dist::launch_or_run(&launch)?;
+    if let (0, Some(quickstart)) = (world.rank, &quickstart) {
+        println!("{}", quickstart.describe());
+    }
     let backend = if use_cuda {
         crate::cuda_setup::keep_autotune_results();
         CommBackend::Nccl
@@ -178,7 +264,7 @@ fn try_main<C: ClassifierConfig>(
     };
     let summary = run_on_backend(ctx, &config, use_cuda)?;
     if dist.is_main() {
-        print_closing(&summary, quickstart, &config);
+        print_closing(&summary, quickstart.is_some(), &config);
     }
     Ok(())
 }
@@ -209,13 +295,31 @@ fn run_on_backend<C: ClassifierConfig>(
 }
 
 fn print_closing<C: ClassifierConfig>(summary: &RunSummary, quickstart: bool, config: &C) {
+    if let Some(test) = &summary.evaluation {
+        println!(
+            "test: {} top-1 {:.2}% top-5 {:.2}% on {} images (loss {:.4})",
+            config.name(),
+            100.0 * test.accuracy,
+            100.0 * test.accuracy_top5,
+            test.count,
+            test.loss
+        );
+        return;
+    }
     if let Some(last) = summary.epochs.last() {
         println!(
-            "done: {} after {} epochs, validation accuracy {:.2}% on {} images",
+            "done: {} after {} epochs, validation accuracy {:.2}% (top-5 {:.2}%) on {} images",
             config.name(),
             last.epoch,
             100.0 * last.val_accuracy,
+            100.0 * last.val_accuracy_top5,
             last.val_images
+        );
+    }
+    if let Some(path) = &summary.exported {
+        println!(
+            "final weights: {} (a torchvision state_dict: load_state_dict(safetensors.torch.load_file(..)))",
+            path.display()
         );
     }
     if quickstart {
@@ -235,7 +339,10 @@ fn print_closing<C: ClassifierConfig>(summary: &RunSummary, quickstart: bool, co
 /// [`InvalidArgs`] for `--model`.
 pub fn resnet_from_args(args: &TrainArgs) -> Result<crate::ResNetFamily, InvalidArgs> {
     args.resnet_depth()
-        .map(|depth| crate::ResNetFamily { depth })
+        .map(|depth| crate::ResNetFamily {
+            depth,
+            zero_init_residual: args.zero_init_residual,
+        })
         .ok_or_else(|| InvalidArgs {
             flag: "model",
             reason: format!(
@@ -243,4 +350,49 @@ pub fn resnet_from_args(args: &TrainArgs) -> Result<crate::ResNetFamily, Invalid
                 args.model
             ),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> SyntheticConfig {
+        SyntheticConfig {
+            classes: 2,
+            train_per_class: 2,
+            val_per_class: 1,
+            min_side: 16,
+            max_side: 24,
+            quality: 80,
+            seed: 1,
+        }
+    }
+
+    #[test]
+    fn a_waiting_process_returns_once_the_writer_is_done() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let root = dir.path().join("set");
+        let cfg = tiny();
+        let waited = std::thread::scope(|scope| {
+            let waiter = scope.spawn(|| wait_for_dataset(&root, &cfg, Duration::from_secs(60)));
+            std::thread::sleep(Duration::from_millis(300));
+            data::synthetic::generate(&root, &cfg).expect("writer");
+            waiter.join().expect("waiter thread")
+        });
+        let summary = waited.expect("sees the finished set");
+        assert!(summary.reused, "the waiter writes nothing");
+        assert_eq!(summary.train_dir, root.join("train"));
+    }
+
+    #[test]
+    fn a_waiting_process_gives_up_naming_the_marker() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let root = dir.path().join("never");
+        let error = wait_for_dataset(&root, &tiny(), Duration::from_millis(250))
+            .expect_err("nobody writes it");
+        let message = error.to_string();
+        assert!(message.contains(data::synthetic::MARKER_FILE), "{message}");
+        assert!(message.contains("local rank 0"), "{message}");
+        assert!(!root.exists(), "the waiter wrote nothing");
+    }
 }

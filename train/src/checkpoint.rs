@@ -17,6 +17,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::TrainArgs;
+use crate::metrics::EpochMetrics;
 
 const MAGIC: &[u8; 8] = b"BURNCKPT";
 const FORMAT_VERSION: u32 = 1;
@@ -99,6 +100,10 @@ pub struct CheckpointHeader {
     pub model_fingerprint: String,
     /// The sections that follow the header.
     pub sections: Vec<Section>,
+    /// Every epoch's figures up to this one: on resume, `metrics.jsonl` and TensorBoard are
+    /// repaired from it (an epoch checkpointed but not yet logged when the run died).
+    #[serde(default)]
+    pub history: Vec<EpochMetrics>,
 }
 
 /// A checkpoint read from disk and checked, not yet decoded into a model.
@@ -306,6 +311,34 @@ impl Checkpoint {
             optimizer.load_record(optimizer_record),
         ))
     }
+
+    /// Loads only the weights (evaluation needs no optimizer state).
+    ///
+    /// # Errors
+    /// [`CheckpointError::OtherModel`] when the file holds another architecture.
+    pub fn restore_model<B, M>(&self, model: M, device: &B::Device) -> Result<M, CheckpointError>
+    where
+        B: Backend,
+        M: Module<B>,
+    {
+        if model_fingerprint(&model) != self.header.model_fingerprint {
+            return Err(CheckpointError::OtherModel {
+                path: self.path.clone(),
+                saved: self.header.args.model.clone(),
+                current: "the model of this run".to_string(),
+            });
+        }
+        let record =
+            Recorder::<B>::load(&Bytes::default(), self.model.clone(), device).map_err(|e| {
+                CheckpointError::Record {
+                    path: self.path.clone(),
+                    op: "decode",
+                    section: "model",
+                    reason: e.to_string(),
+                }
+            })?;
+        Ok(model.load_record(record))
+    }
 }
 
 /// What resume found: the newest checkpoint that reads back intact, and the damaged ones newer
@@ -373,6 +406,7 @@ mod tests {
             data_seed: 42,
             model_fingerprint: "[2, 2]".into(),
             sections: Vec::new(),
+            history: Vec::new(),
         }
     }
 
@@ -433,12 +467,9 @@ mod tests {
         assert_eq!(scan.damaged.len(), 1);
         assert!(scan.damaged[0].to_string().contains("ckpt-3.ckpt"));
 
-        args.keep_checkpoints = Some(1);
+        args.keep_checkpoints = Some(2);
         let removed = prune(&args, 3);
-        assert_eq!(
-            removed,
-            vec![args.checkpoint_path(2), args.checkpoint_path(1)]
-        );
-        assert!(newest.exists());
+        assert_eq!(removed, vec![args.checkpoint_path(1)]);
+        assert!(newest.exists() && args.checkpoint_path(2).exists());
     }
 }

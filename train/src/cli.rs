@@ -15,6 +15,17 @@ pub enum OnBadImage {
     Strict,
 }
 
+/// What the learning rate does after the warmup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LrDecay {
+    /// ×0.1 at epochs 30, 60 and 80 (Horovod's example, Goyal et al.).
+    #[default]
+    Step,
+    /// Half a cosine from the peak to 0 at the last epoch, per batch (torchvision's references).
+    Cosine,
+}
+
 /// Data-parallel ImageNet training, as Horovod's `pytorch_imagenet_resnet50.py`.
 #[derive(Parser, Debug, Clone, Serialize, Deserialize)]
 #[command(
@@ -111,6 +122,39 @@ pub struct TrainArgs {
     /// Stop after this many optimizer steps per epoch (for benchmarks and smoke tests).
     #[arg(long)]
     pub max_steps_per_epoch: Option<usize>,
+    /// Start from these weights: a torchvision state_dict in safetensors (DDP's `module.` prefix
+    /// accepted). When its `fc` has another number of classes than the data, `fc` keeps its
+    /// initial values (fine-tuning). Ignored when resuming from a checkpoint.
+    #[arg(long)]
+    #[serde(default)]
+    pub weights: Option<PathBuf>,
+    /// Evaluate the validation set once and exit: the --weights if given, else the newest valid
+    /// checkpoint. Prints top-1, top-5 and the image count.
+    #[arg(long)]
+    #[serde(default)]
+    pub test_only: bool,
+    /// Label smoothing of the cross-entropy loss, in [0, 1) (torchvision's references use 0.1).
+    #[arg(long, default_value_t = 0.0)]
+    #[serde(default)]
+    pub label_smoothing: f64,
+    /// Start each residual block's last BatchNorm at weight 0 (Goyal et al. 2017, §5.1).
+    #[arg(long)]
+    #[serde(default)]
+    pub zero_init_residual: bool,
+    /// Learning rate after the warmup: step (Horovod's) or cosine.
+    #[arg(long, value_enum, default_value_t = LrDecay::Step)]
+    #[serde(default)]
+    pub lr_schedule: LrDecay,
+    /// Horovod's Adasum reduction. Accepted so that Horovod command lines parse, then refused:
+    /// burn-dist averages gradients and has no Adasum.
+    #[arg(long)]
+    #[serde(default)]
+    pub use_adasum: bool,
+    /// Resume even when the checkpoint was written with other learning-rate settings (world
+    /// size, global batch, --base-lr, ...); the differences are printed.
+    #[arg(long)]
+    #[serde(default)]
+    pub resume_anyway: bool,
 }
 
 /// A flag value that cannot work, found before any work starts.
@@ -176,10 +220,22 @@ impl TrainArgs {
         if self.nproc_per_node == Some(0) {
             return bad("nproc-per-node", "must be at least 1");
         }
-        if self.keep_checkpoints == Some(0) {
+        if self.keep_checkpoints.is_some_and(|keep| keep < 2) {
             return bad(
                 "keep-checkpoints",
-                "must be at least 1 (omit it to keep all)",
+                "must be at least 2, so that a damaged newest checkpoint has an older one to fall \
+                 back on (omit it to keep all)",
+            );
+        }
+        if !(0.0..1.0).contains(&self.label_smoothing) {
+            return bad("label-smoothing", "must be in [0, 1), e.g. 0.1");
+        }
+        if self.use_adasum {
+            return bad(
+                "use-adasum",
+                "Adasum is not implemented: burn-dist averages the gradients (Horovod's default \
+                 op). Drop --use-adasum; the learning rate then scales with the world size, as \
+                 without Adasum in Horovod's example",
             );
         }
         if self.max_steps_per_epoch == Some(0) {
@@ -207,6 +263,13 @@ impl TrainArgs {
                 .checkpoint_format
                 .replace("{epoch}", &epoch.to_string()),
         ))
+    }
+
+    /// Where the final weights go: the last epoch's checkpoint path with the extension
+    /// `.safetensors` (a torchvision `state_dict`, next to the checkpoints).
+    pub fn export_path(&self) -> PathBuf {
+        self.checkpoint_path(self.epochs)
+            .with_extension("safetensors")
     }
 }
 
@@ -242,6 +305,8 @@ mod tests {
         assert_eq!((a.gradient_predivide_factor, a.seed), (1.0, 42));
         assert!(!a.fp16_allreduce && !a.no_cuda);
         assert_eq!(a.model, "resnet50");
+        assert_eq!(a.lr_schedule, LrDecay::Step);
+        assert_eq!((a.label_smoothing, a.zero_init_residual), (0.0, false));
         a.validate().expect("defaults are valid");
     }
 
@@ -255,11 +320,40 @@ mod tests {
                 "checkpoint-format",
             ),
             (&["--nnodes", "2", "--node-rank", "2"][..], "node-rank"),
+            (&["--keep-checkpoints", "1"][..], "keep-checkpoints"),
+            (&["--label-smoothing", "1.0"][..], "label-smoothing"),
         ] {
             let error = parse(args).validate().expect_err("invalid");
             assert_eq!(error.flag, flag, "{args:?}");
             assert!(error.to_string().contains(flag));
         }
+    }
+
+    #[test]
+    fn use_adasum_parses_and_is_refused_with_the_reason() {
+        let error = parse(&["--use-adasum"]).validate().expect_err("refused");
+        assert_eq!(error.flag, "use-adasum");
+        assert!(error.reason.contains("not implemented"), "{error}");
+    }
+
+    #[test]
+    fn args_saved_before_the_new_flags_still_read() {
+        let mut saved = serde_json::to_value(parse(&[])).expect("json");
+        let object = saved.as_object_mut().expect("object");
+        for new in [
+            "weights",
+            "test_only",
+            "label_smoothing",
+            "zero_init_residual",
+            "lr_schedule",
+            "use_adasum",
+            "resume_anyway",
+        ] {
+            object.remove(new).expect(new);
+        }
+        let args: TrainArgs = serde_json::from_value(saved).expect("reads");
+        assert_eq!(args.lr_schedule, LrDecay::Step);
+        assert!(args.weights.is_none() && !args.test_only);
     }
 
     #[test]

@@ -15,10 +15,14 @@ pub enum TrainError {
     /// A checkpoint could not be written or read.
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
-    /// The training and validation folders disagree on the classes.
+    /// The training and validation folders disagree on the classes. Labels are indices into the
+    /// sorted class names, so a val folder with other names would be scored with wrong labels.
     #[error(
-        "{train} has {train_classes} classes but {val} has {val_classes}; both need the same class \
-         sub-folders"
+        "{train} and {val} do not hold the same classes ({train_classes} and {val_classes} class \
+         folders; only in the training folder: {}; only in the validation folder: {}); labels are \
+         indices into the sorted class names, so both need the same class sub-folders",
+        names_or_none(only_in_train),
+        names_or_none(only_in_val)
     )]
     ClassMismatch {
         /// Training folder.
@@ -29,6 +33,54 @@ pub enum TrainError {
         val: PathBuf,
         /// Its class count.
         val_classes: usize,
+        /// Class names only the training folder has (sorted).
+        only_in_train: Vec<String>,
+        /// Class names only the validation folder has (sorted).
+        only_in_val: Vec<String>,
+    },
+    /// `--weights` could not be loaded or the final weights exported.
+    #[error(transparent)]
+    Weights(#[from] models::ModelError),
+    /// The newest checkpoint was written with other learning-rate settings.
+    #[error(
+        "{path} was written with other training settings: {changes}. Resuming would silently \
+         change how the run optimises (learning rate, global batch, regularisation). Run with the saved values, start \
+         afresh with another --checkpoint-format, or pass --resume-anyway to go on with the new ones"
+    )]
+    ResumeChanged {
+        /// The checkpoint.
+        path: PathBuf,
+        /// `setting: saved -> now`, comma-separated.
+        changes: String,
+    },
+    /// Rank 0 could not start the job (it prints why); the other ranks stop with this.
+    #[error("rank 0 could not start the run (its error says why); rank {rank} stops too")]
+    StoppedByRankZero {
+        /// This rank.
+        rank: usize,
+    },
+    /// `--test-only` without weights to evaluate.
+    #[error(
+        "--test-only has nothing to evaluate: pass --weights <file.safetensors>, or point \
+         --checkpoint-format at the checkpoints of a run (none found, e.g. {checkpoint})"
+    )]
+    NothingToEvaluate {
+        /// The path of the last epoch's checkpoint under `--checkpoint-format`.
+        checkpoint: PathBuf,
+    },
+    /// The quickstart's dataset did not appear while this process waited for local rank 0 to
+    /// write it.
+    #[error(
+        "waited {seconds} s for local rank 0 to write the quickstart dataset (marker {marker}); \
+         check that rank's output, or delete {root} and start again"
+    )]
+    QuickstartTimeout {
+        /// The dataset folder.
+        root: PathBuf,
+        /// The marker file written last.
+        marker: PathBuf,
+        /// How long this process waited.
+        seconds: u64,
     },
     /// A log or metrics file could not be written.
     #[error("cannot write {path}: {source}")]
@@ -50,4 +102,16 @@ pub enum TrainError {
         /// The loss.
         value: f64,
     },
+}
+
+fn names_or_none(names: &[String]) -> String {
+    const SHOWN: usize = 10;
+    if names.is_empty() {
+        return "none".into();
+    }
+    let mut text = names[..names.len().min(SHOWN)].join(", ");
+    if names.len() > SHOWN {
+        text.push_str(&format!(" and {} more", names.len() - SHOWN));
+    }
+    text
 }

@@ -10,20 +10,30 @@ mod app;
 pub mod checkpoint;
 pub mod cli;
 pub mod cuda_setup;
+pub mod datasets;
 pub mod elastic;
 mod error;
+pub mod metrics;
 mod model;
 pub mod progress;
+pub mod resume;
+pub mod run_log;
 pub mod schedule;
 pub mod tensorboard;
 pub mod trainer;
+pub mod weights;
 
-pub use app::{QUICKSTART, main_with, parse_args, resnet_from_args, synthetic_cache_dir};
-pub use cli::TrainArgs;
+pub use app::{
+    QUICKSTART, QUICKSTART_WAIT, Quickstart, main_with, parse_args, resnet_from_args,
+    synthetic_cache_dir,
+};
+pub use cli::{LrDecay, TrainArgs};
+pub use datasets::{Datasets, load_data};
 pub use error::TrainError;
+pub use metrics::{EpochMetrics, PhaseMetrics, batch_stats, per_sample_loss};
 pub use model::{ClassifierConfig, ResNetFamily};
 pub use schedule::LrSchedule;
-pub use trainer::{EpochMetrics, RunContext, RunSummary, run};
+pub use trainer::{RunContext, RunSummary, evaluate, run};
 
 /// The README's Rust examples compile (`cargo test --doc`).
 #[doc = include_str!("../../README.md")]

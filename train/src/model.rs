@@ -16,6 +16,12 @@ pub trait ClassifierConfig {
 
     /// A short name for logs and the config table, e.g. `resnet50`.
     fn name(&self) -> String;
+
+    /// The module path of the classifier head, which `--weights` may skip when its class count
+    /// differs from the data's (fine-tuning). torchvision's ResNets call it `fc`.
+    fn head(&self) -> String {
+        "fc".into()
+    }
 }
 
 /// The ResNets of the `models` crate, by depth.
@@ -23,6 +29,8 @@ pub trait ClassifierConfig {
 pub struct ResNetFamily {
     /// 18, 34, 50, 101 or 152.
     pub depth: usize,
+    /// Start each block's last BatchNorm at weight 0 (`--zero-init-residual`).
+    pub zero_init_residual: bool,
 }
 
 impl ClassifierConfig for ResNetFamily {
@@ -36,10 +44,36 @@ impl ClassifierConfig for ResNetFamily {
             152 => ResNetConfig::resnet152(num_classes),
             _ => ResNetConfig::resnet50(num_classes),
         };
-        layout.init(device)
+        layout
+            .with_zero_init_residual(self.zero_init_residual)
+            .init(device)
     }
 
     fn name(&self) -> String {
         format!("resnet{}", self.depth)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::{Autodiff, Flex};
+
+    #[test]
+    fn zero_init_residual_zeroes_each_blocks_last_norm_only() {
+        let device = Default::default();
+        for (zero, want) in [(true, 0.0f32), (false, 1.0)] {
+            let family = ResNetFamily {
+                depth: 18,
+                zero_init_residual: zero,
+            };
+            let model = family.init::<Autodiff<Flex>>(4, &device);
+            for block in model.layer1.iter().chain(&model.layer4) {
+                let gamma: Vec<f32> = block.bn2.gamma.val().into_data().to_vec().expect("f32");
+                assert!(gamma.iter().all(|&g| g == want), "zero-init {zero}");
+                let first: Vec<f32> = block.bn1.gamma.val().into_data().to_vec().expect("f32");
+                assert!(first.iter().all(|&g| g == 1.0));
+            }
+        }
     }
 }

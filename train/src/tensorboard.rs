@@ -4,12 +4,19 @@
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Events reach the file at most this long after they are written (TensorBoard reads while we
+/// write; torch's `SummaryWriter` flushes every 120 s).
+pub const FLUSH_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Writes scalars to `events.out.tfevents.<time>.<host>` in a log directory.
 pub struct SummaryWriter {
     path: PathBuf,
     file: BufWriter<File>,
+    flush_interval: Duration,
+    /// When the oldest event not yet on disk was written.
+    pending_since: Option<Instant>,
 }
 
 impl SummaryWriter {
@@ -29,7 +36,12 @@ impl SummaryWriter {
             std::process::id()
         ));
         let file = BufWriter::new(File::create(&path)?);
-        let mut writer = Self { path, file };
+        let mut writer = Self {
+            path,
+            file,
+            flush_interval: FLUSH_INTERVAL,
+            pending_since: None,
+        };
         let mut event = Vec::new();
         put_double(&mut event, 1, wall_time());
         put_bytes(&mut event, 3, b"brain.Event:2");
@@ -38,9 +50,46 @@ impl SummaryWriter {
         Ok(writer)
     }
 
+    /// Sets how long an event may wait in the buffer (default [`FLUSH_INTERVAL`]).
+    pub fn with_flush_interval(mut self, interval: Duration) -> Self {
+        self.flush_interval = interval;
+        self
+    }
+
     /// The event file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Flushes when the oldest buffered event is older than the flush interval. Writes call it;
+    /// call it between writes too (the trainer does every step) so that no event waits longer.
+    ///
+    /// # Errors
+    /// If the write fails.
+    pub fn flush_if_due(&mut self) -> std::io::Result<()> {
+        match self.pending_since {
+            Some(since) if since.elapsed() >= self.flush_interval => self.flush(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Marks a (re)start at `step`, as torch's `SummaryWriter(purge_step=step)`: TensorBoard hides
+    /// the events of earlier files in this directory at steps `>= step` (those of a run that
+    /// crashed after its last checkpoint and is being resumed). TensorBoard's current loader
+    /// treats the first marker of a directory as the start, not a restart, so every event file
+    /// should carry one.
+    ///
+    /// # Errors
+    /// If the write fails.
+    pub fn add_session_start(&mut self, step: i64) -> std::io::Result<()> {
+        let mut session_log = Vec::new();
+        put_varint_field(&mut session_log, 1, SESSION_START);
+        let mut event = Vec::new();
+        put_double(&mut event, 1, wall_time());
+        put_varint_field(&mut event, 2, step as u64);
+        put_bytes(&mut event, 7, &session_log);
+        self.write_record(&event)?;
+        self.flush()
     }
 
     /// Appends a scalar at a step (TensorBoard's `add_scalar`).
@@ -57,7 +106,9 @@ impl SummaryWriter {
         put_double(&mut event, 1, wall_time());
         put_varint_field(&mut event, 2, step as u64);
         put_bytes(&mut event, 5, &summary);
-        self.write_record(&event)
+        self.write_record(&event)?;
+        self.pending_since.get_or_insert_with(Instant::now);
+        self.flush_if_due()
     }
 
     /// Pushes buffered events to the file (TensorBoard reads while we write).
@@ -65,6 +116,7 @@ impl SummaryWriter {
     /// # Errors
     /// If the write fails.
     pub fn flush(&mut self) -> std::io::Result<()> {
+        self.pending_since = None;
         self.file.flush()
     }
 
@@ -94,6 +146,9 @@ pub struct ScalarEvent {
     pub value: f32,
 }
 
+/// `SessionLog.SessionStatus.START` in TensorFlow's `event.proto`.
+const SESSION_START: u64 = 1;
+
 /// Errors reading an event file.
 #[derive(Debug, thiserror::Error)]
 pub enum EventFileError {
@@ -122,6 +177,18 @@ pub enum EventFileError {
 /// # Errors
 /// [`EventFileError`] naming the file and the offset of the first bad record.
 pub fn read_scalars(path: &Path) -> Result<Vec<ScalarEvent>, EventFileError> {
+    Ok(read_events(path)?.0)
+}
+
+/// The steps of the session-start (purge) events of an event file, in order.
+///
+/// # Errors
+/// As [`read_scalars`].
+pub fn read_session_starts(path: &Path) -> Result<Vec<i64>, EventFileError> {
+    Ok(read_events(path)?.1)
+}
+
+fn read_events(path: &Path) -> Result<(Vec<ScalarEvent>, Vec<i64>), EventFileError> {
     let mut bytes = Vec::new();
     File::open(path)
         .and_then(|mut f| f.read_to_end(&mut bytes))
@@ -135,6 +202,7 @@ pub fn read_scalars(path: &Path) -> Result<Vec<ScalarEvent>, EventFileError> {
         what,
     };
     let mut scalars = Vec::new();
+    let mut session_starts = Vec::new();
     let mut at = 0;
     let mut first = true;
     while at < bytes.len() {
@@ -166,6 +234,9 @@ pub fn read_scalars(path: &Path) -> Result<Vec<ScalarEvent>, EventFileError> {
             return Err(corrupt(at, "first record is not the file version"));
         }
         first = false;
+        if event.session_start {
+            session_starts.push(event.step);
+        }
         for (tag, value) in event.values {
             scalars.push(ScalarEvent {
                 tag,
@@ -175,7 +246,7 @@ pub fn read_scalars(path: &Path) -> Result<Vec<ScalarEvent>, EventFileError> {
         }
         at += 16 + len;
     }
-    Ok(scalars)
+    Ok((scalars, session_starts))
 }
 
 /// TFRecord's checksum: CRC32C, rotated and offset so that CRCs of CRCs stay well distributed.
@@ -233,6 +304,7 @@ fn put_bytes(out: &mut Vec<u8>, field: u32, bytes: &[u8]) {
 struct DecodedEvent {
     step: i64,
     file_version: Option<String>,
+    session_start: bool,
     values: Vec<(String, f32)>,
 }
 
@@ -290,6 +362,7 @@ fn decode_event(data: &[u8]) -> Option<DecodedEvent> {
     let mut event = DecodedEvent {
         step: 0,
         file_version: None,
+        session_start: false,
         values: Vec::new(),
     };
     for (number, field) in fields(data)? {
@@ -298,6 +371,11 @@ fn decode_event(data: &[u8]) -> Option<DecodedEvent> {
             (2, Field::Varint(step)) => event.step = step as i64,
             (3, Field::Bytes(version)) => {
                 event.file_version = Some(String::from_utf8_lossy(version).into_owned());
+            }
+            (7, Field::Bytes(session_log)) => {
+                event.session_start = fields(session_log)?
+                    .iter()
+                    .any(|(n, f)| *n == 1 && matches!(f, Field::Varint(SESSION_START)));
             }
             (5, Field::Bytes(summary)) => {
                 for (number, value) in fields(summary)? {
@@ -393,5 +471,39 @@ mod tests {
             ),
             "{error}"
         );
+    }
+
+    #[test]
+    fn buffered_events_reach_the_file_once_the_interval_passes() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut writer = SummaryWriter::new(dir.path())
+            .expect("writer")
+            .with_flush_interval(Duration::from_millis(200));
+        let path = writer.path().to_path_buf();
+        writer.add_scalar("train/lr", 0.1, 1).expect("write");
+        // Buffered: not on disk yet.
+        assert!(read_scalars(&path).expect("read").is_empty());
+        std::thread::sleep(Duration::from_millis(250));
+        // Nothing else written: the periodic check pushes it out.
+        writer.flush_if_due().expect("flush");
+        assert_eq!(read_scalars(&path).expect("read").len(), 1);
+        // And a write after the interval flushes itself.
+        writer.add_scalar("train/lr", 0.2, 2).expect("write");
+        std::thread::sleep(Duration::from_millis(250));
+        writer.add_scalar("train/lr", 0.3, 3).expect("write");
+        assert_eq!(read_scalars(&path).expect("read").len(), 3);
+        // The default interval is the documented 30 s.
+        assert_eq!(FLUSH_INTERVAL, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn a_session_start_reads_back_with_its_step() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut writer = SummaryWriter::new(dir.path()).expect("writer");
+        writer.add_session_start(41).expect("purge marker");
+        writer.add_scalar("train/lr", 0.5, 41).expect("write");
+        writer.flush().expect("flush");
+        assert_eq!(read_session_starts(writer.path()).expect("read"), vec![41]);
+        assert_eq!(read_scalars(writer.path()).expect("read").len(), 1);
     }
 }

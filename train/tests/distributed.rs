@@ -51,8 +51,10 @@ fn two_processes_learn_as_well_as_one_and_log_every_tag() {
         for tag in [
             "train/loss",
             "train/accuracy",
+            "train/accuracy_top5",
             "val/loss",
             "val/accuracy",
+            "val/accuracy_top5",
             "train/lr",
             "train/img_per_sec",
             "train/data_time",

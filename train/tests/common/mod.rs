@@ -137,3 +137,46 @@ pub fn field(metrics: &serde_json::Value, name: &str) -> f64 {
         .as_f64()
         .unwrap_or_else(|| panic!("{name} in {metrics}"))
 }
+
+/// `train/tests/fixtures`.
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// The eight photo-like JPEGs shared with the data crate's fidelity test, sorted by name.
+pub fn photos() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/tests/fixtures/photos");
+    let mut photos: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("photo fixtures")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "jpg"))
+        .collect();
+    photos.sort();
+    assert_eq!(photos.len(), 8, "{photos:?}");
+    photos
+}
+
+/// The fixture ResNet-18 (torchvision, 1000 classes, DDP's `module.` keys, fp16), unpacked into
+/// `dir` as a plain safetensors file.
+pub fn unpacked_resnet18(dir: &Path) -> PathBuf {
+    use std::io::Read;
+    let packed = std::fs::File::open(fixtures().join("resnet18_module.safetensors.gz"))
+        .expect("ResNet-18 fixture");
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(packed)
+        .read_to_end(&mut bytes)
+        .expect("gunzip");
+    let path = dir.join("resnet18_module.safetensors");
+    std::fs::write(&path, bytes).expect("write");
+    path
+}
+
+/// An ImageFolder of the eight photos, photo i (sorted) in class folder `c{i}`.
+pub fn photo_folder(root: &Path) -> PathBuf {
+    for (i, photo) in photos().iter().enumerate() {
+        let class = root.join(format!("c{i}"));
+        std::fs::create_dir_all(&class).expect("mkdir");
+        std::fs::copy(photo, class.join(photo.file_name().expect("name"))).expect("copy");
+    }
+    root.to_path_buf()
+}
