@@ -1193,7 +1193,9 @@ mod tests {
         });
         let (result, waited) = rank0.join().expect("rank 0");
         match result {
-            Err(DistError::Timeout { peer: 1, .. }) => {}
+            // Whether the deadline reads as a plain timeout or as "never published its progress"
+            // depends on whether the board was consulted in time; either way rank 1 is named.
+            Err(DistError::Timeout { peer: 1, .. } | DistError::Unresponsive { peer: 1, .. }) => {}
             other => panic!("expected a timeout naming rank 1, got {other:?}"),
         }
         assert!(
