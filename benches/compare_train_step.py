@@ -6,9 +6,18 @@
 Times torchvision's model with SGD (momentum 0.9): forward, cross-entropy, backward, step, on a
 fixed random batch; then runs `cargo run --release -p benches --bin train_step -- --json --no-data`
 with the same settings and prints both img/s figures and the ratio ours / PyTorch.
+
+To compare builds or switches in the same run, name each binary (repeatable):
+
+    python benches/compare_train_step.py --model resnet18 --batch 32 --image-size 32 --threads 2 \
+        --exe before=/old/target/release/train_step --exe "after=target/release/train_step@--conv burn"
+
+`LABEL=PATH[@EXTRA ARGS]`: extra arguments, split on spaces, are passed to that binary. Each
+binary runs after PyTorch, one at a time, so they never share the cores.
 """
 import argparse
 import json
+import shlex
 import subprocess
 import time
 
@@ -46,24 +55,34 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--rust-json", help="saved output of train_step --json instead of running it")
+    p.add_argument("--exe", action="append",
+                   help="LABEL=PATH[@EXTRA ARGS] of a train_step binary; repeatable")
     a = p.parse_args()
 
     theirs = torch_img_per_sec(a.model, a.batch, a.image_size, a.steps, a.warmup, a.threads)
+    common = ["--model", a.model, "--batch", str(a.batch), "--image-size", str(a.image_size),
+              "--steps", str(a.steps), "--warmup", str(a.warmup), "--no-data", "--json"]
+    rows = []
     if a.rust_json:
-        ours = json.load(open(a.rust_json))
+        rows.append(("burn flex (ours)", json.load(open(a.rust_json))))
+    elif a.exe:
+        for spec in a.exe:
+            label, _, rest = spec.partition("=")
+            path, _, extra = rest.partition("@")
+            out = subprocess.run([path, *common, *shlex.split(extra)],
+                                 check=True, capture_output=True, text=True).stdout
+            rows.append((label, json.loads(out.strip().splitlines()[-1])))
     else:
         out = subprocess.run(
-            ["cargo", "run", "--release", "-q", "-p", "benches", "--bin", "train_step", "--",
-             "--model", a.model, "--batch", str(a.batch), "--image-size", str(a.image_size),
-             "--steps", str(a.steps), "--warmup", str(a.warmup), "--no-data", "--json"],
+            ["cargo", "run", "--release", "-q", "-p", "benches", "--bin", "train_step", "--", *common],
             check=True, capture_output=True, text=True).stdout
-        ours = json.loads(out.strip().splitlines()[-1])
+        rows.append(("burn flex (ours)", json.loads(out.strip().splitlines()[-1])))
     print(f"# {a.model} batch {a.batch} at {a.image_size}x{a.image_size}, CPU, {a.threads} threads")
-    print(f"# {'impl':<22} {'step(img/s)':>12}")
-    print(f"  {'PyTorch ' + torch.__version__:<22} {theirs:>12.2f}")
-    print(f"  {'burn flex (ours)':<22} {ours['step_img_per_sec']:>12.2f}")
-    print(f"# ratio ours/pytorch: {ours['step_img_per_sec'] / theirs:.2f}x")
-
+    print(f"# {'impl':<28} {'step(img/s)':>12} {'ratio(vs torch)':>16}")
+    print(f"  {'PyTorch ' + torch.__version__:<28} {theirs:>12.2f} {1.0:>15.2f}x")
+    for label, ours in rows:
+        ips = ours["step_img_per_sec"]
+        print(f"  {label:<28} {ips:>12.2f} {ips / theirs:>15.2f}x")
 
 if __name__ == "__main__":
     main()

@@ -283,7 +283,11 @@ fn run_on_backend<C: ClassifierConfig>(
             ctx.dist.world.local_world_size
         );
         let device = burn::backend::cuda::CudaDevice::new(local_rank);
-        return run::<Autodiff<burn::backend::Cuda>, C>(&ctx, config, device);
+        if !crate::cuda_setup::fusion_enabled() {
+            ctx.backend = "cuda without fusion (burn-cuda, NCCL allreduce)".into();
+            return run::<Autodiff<burn_dist::CudaRaw>, C>(&ctx, config, device);
+        }
+        return run::<Autodiff<burn_dist::CudaFused>, C>(&ctx, config, device);
     }
     let _ = use_cuda;
     ctx.backend = "flex (CPU), host ring allreduce".into();

@@ -12,6 +12,15 @@ pub fn cache_root() -> PathBuf {
         .join("burn-horovod")
 }
 
+/// Set to `0` to run Burn's CUDA backend without fusion (one kernel per op): for comparison, or to
+/// step around a fusion bug.
+pub const FUSION_ENV: &str = "BURN_HOROVOD_FUSION";
+
+/// Whether CUDA runs with Burn's fusion (the default), per [`FUSION_ENV`].
+pub fn fusion_enabled() -> bool {
+    std::env::var(FUSION_ENV).map_or(true, |v| v.trim() != "0")
+}
+
 /// Where CubeCL keeps autotune results when no `cubecl.toml` says otherwise.
 pub fn autotune_cache_dir() -> PathBuf {
     cache_root().join("cubecl")
