@@ -25,7 +25,7 @@ const PROGRESS_KEY: &str = "burn-dist/progress";
 pub(crate) const PUBLISH_EVERY: Duration = Duration::from_millis(500);
 /// How long a diagnosis may take before it gives up on the store (whose server may be the
 /// stopped rank itself).
-const DIAGNOSIS_BUDGET: Duration = Duration::from_secs(4);
+pub(crate) const DIAGNOSIS_BUDGET: Duration = Duration::from_secs(4);
 
 /// What the first observer of a failure found.
 #[derive(Debug, Clone, PartialEq, Eq)]
