@@ -103,18 +103,9 @@ impl Record {
 /// Records `record` unless a failure is already recorded; returns the record that stands (ours
 /// or the first one). `None` when the store cannot be reached.
 pub(crate) fn publish(store: &Store, record: &Record) -> Option<Record> {
-    let stored = set_if_absent(store, FAILURE_KEY, &record.encode())?;
+    // One step on the server: two ranks that find a failure in the same instant agree on it.
+    let stored = store.set_if_absent(FAILURE_KEY, &record.encode()).ok()?;
     Record::decode(&stored)
-}
-
-// Stand-in until the store has an atomic set-if-absent: two ranks that find a failure in the
-// same instant can both write (the later one wins).
-fn set_if_absent(store: &Store, key: &str, value: &[u8]) -> Option<Vec<u8>> {
-    if let Some(existing) = store.try_get(key).ok()? {
-        return Some(existing);
-    }
-    store.set(key, value).ok()?;
-    Some(value.to_vec())
 }
 
 /// The recorded failure, if any.

@@ -7,7 +7,9 @@
 //! connections start with a handshake carrying the job token.
 
 use crate::error::{DistError, Result};
-use crate::store_server::{OP_ADD, OP_GET, OP_SET, OP_WAIT, REPLY_OK, REPLY_REJECTED, Server};
+use crate::store_server::{
+    OP_ADD, OP_GET, OP_SET, OP_SET_IF_ABSENT, OP_WAIT, REPLY_OK, REPLY_REJECTED, Server,
+};
 use crate::torch_store::TorchStore;
 use crate::wire::{self, ConnKind, Cursor};
 use crate::world::{Rendezvous, World};
@@ -263,6 +265,20 @@ impl Store {
     /// # Errors
     /// [`DistError::Store`] when the store is unreachable or the value exceeds [`MAX_STORE_MESSAGE`].
     pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.check_size(key, value)?;
+        match &self.client {
+            Client::Own { stream, .. } => {
+                let mut req = vec![OP_SET];
+                wire::put_bytes(&mut req, key.as_bytes());
+                req.extend_from_slice(value);
+                self.request(stream, &req, self.timeout)?;
+                Ok(())
+            }
+            Client::Torch { client, prefix } => lock(client).set(&format!("{prefix}{key}"), value),
+        }
+    }
+
+    fn check_size(&self, key: &str, value: &[u8]) -> Result<()> {
         if value.len() + key.len() + 16 > MAX_STORE_MESSAGE {
             return Err(DistError::Store {
                 addr: self.addr.clone(),
@@ -273,15 +289,28 @@ impl Store {
                 source: None,
             });
         }
+        Ok(())
+    }
+
+    /// Sets `key` to `value` unless it is already set, as one step on the server, and returns the
+    /// value that stands: `value` when this call set it, the earlier value otherwise. Two ranks
+    /// racing see the same winner.
+    ///
+    /// # Errors
+    /// [`DistError::Store`] when the store is unreachable or the value is too large.
+    pub fn set_if_absent(&self, key: &str, value: &[u8]) -> Result<Vec<u8>> {
+        self.check_size(key, value)?;
         match &self.client {
             Client::Own { stream, .. } => {
-                let mut req = vec![OP_SET];
+                let mut req = vec![OP_SET_IF_ABSENT];
                 wire::put_bytes(&mut req, key.as_bytes());
                 req.extend_from_slice(value);
-                self.request(stream, &req, self.timeout)?;
-                Ok(())
+                let r = self.request(stream, &req, self.timeout)?;
+                Ok(r[1..].to_vec())
             }
-            Client::Torch { client, prefix } => lock(client).set(&format!("{prefix}{key}"), value),
+            Client::Torch { client, prefix } => {
+                lock(client).set_if_absent(&format!("{prefix}{key}"), value)
+            }
         }
     }
 
@@ -497,6 +526,46 @@ mod tests {
         let b = h.join().expect("join");
         assert_eq!(a.max(b), 5);
         assert_eq!(s0.try_get("nope").expect("try_get"), None);
+    }
+
+    #[test]
+    fn set_if_absent_has_one_winner() {
+        let port = free_port();
+        let t = Duration::from_secs(5);
+        let n = 8;
+        let s0 = Store::connect(&world(0, n, port), t).expect("rank 0");
+        let stores: Vec<Store> = (1..n)
+            .map(|r| Store::connect(&world(r, n, port), t).expect("rank"))
+            .collect();
+        let barrier = std::sync::Barrier::new(n - 1);
+        let answers: Vec<(usize, Vec<u8>)> = std::thread::scope(|sc| {
+            let hs: Vec<_> = stores
+                .iter()
+                .map(|s| {
+                    let barrier = &barrier;
+                    sc.spawn(move || {
+                        barrier.wait();
+                        let mine = format!("rank {}", s.rank()).into_bytes();
+                        (
+                            s.rank(),
+                            s.set_if_absent("first", &mine).expect("set_if_absent"),
+                        )
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("join")).collect()
+        });
+        let winner = s0.try_get("first").expect("get").expect("set");
+        for (rank, stands) in &answers {
+            assert_eq!(stands, &winner, "rank {rank} saw another winner");
+        }
+        let winners = answers
+            .iter()
+            .filter(|(r, _)| format!("rank {r}").into_bytes() == winner)
+            .count();
+        assert_eq!(winners, 1, "{answers:?}");
+        // A later call keeps the first value.
+        assert_eq!(s0.set_if_absent("first", b"late").expect("again"), winner);
     }
 
     #[test]

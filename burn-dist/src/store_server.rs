@@ -21,6 +21,8 @@ pub(crate) const OP_SET: u8 = 1;
 pub(crate) const OP_GET: u8 = 2;
 pub(crate) const OP_WAIT: u8 = 3;
 pub(crate) const OP_ADD: u8 = 4;
+/// Sets a key only when it is unset, as one step; answers the value that stands.
+pub(crate) const OP_SET_IF_ABSENT: u8 = 5;
 pub(crate) const REPLY_OK: u8 = 0;
 pub(crate) const REPLY_MISSING: u8 = 1;
 pub(crate) const REPLY_REJECTED: u8 = 2;
@@ -263,6 +265,17 @@ fn handle_request(req: &[u8], shared: &Shared) -> Option<Vec<u8>> {
                 }
                 None => Some(vec![REPLY_MISSING]),
             }
+        }
+        OP_SET_IF_ABSENT => {
+            let key = c.str()?.to_string();
+            let value = c.rest();
+            let mut map = shared.lock();
+            let stands = map.entry(key).or_insert_with(|| value.to_vec()).clone();
+            drop(map);
+            shared.changed.notify_all();
+            let mut r = vec![REPLY_OK];
+            r.extend_from_slice(&stands);
+            Some(r)
         }
         OP_WAIT => {
             let timeout = Duration::from_millis(c.u64()?);
