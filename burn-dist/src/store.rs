@@ -67,7 +67,7 @@ pub(crate) fn connect_any(host: &str, port: u16, timeout: Duration) -> io::Resul
 enum Client {
     /// burn-dist's own store; rank 0 also runs the server.
     Own {
-        stream: Mutex<TcpStream>,
+        conn: Mutex<OwnConn>,
         _server: Option<Server>,
     },
     /// torchrun's agent store, keys under `prefix`.
@@ -75,6 +75,14 @@ enum Client {
         client: Mutex<TorchStore>,
         prefix: String,
     },
+}
+
+/// The connection to burn-dist's own store. A request that times out or fails midway drops the
+/// stream: its late reply would otherwise be read as the next request's. The next request opens
+/// a new one (a single attempt, so that a store that is gone is reported at once).
+struct OwnConn {
+    world: World,
+    stream: Option<TcpStream>,
 }
 
 /// A client of the job's store (and, on rank 0 of a job without torchrun, its server).
@@ -140,7 +148,10 @@ impl Store {
                     None
                 };
                 Client::Own {
-                    stream: Mutex::new(Self::connect_own(world, &addr, timeout)?),
+                    conn: Mutex::new(OwnConn {
+                        world: world.clone(),
+                        stream: Some(Self::connect_own(world, &addr, timeout)?),
+                    }),
                     _server: server,
                 }
             }
@@ -228,28 +239,46 @@ impl Store {
     /// Local address of the connection to the store: the interface peers can reach us on.
     pub(crate) fn local_ip(&self) -> Option<std::net::IpAddr> {
         match &self.client {
-            Client::Own { stream, .. } => lock(stream).local_addr().ok().map(|a| a.ip()),
+            Client::Own { conn, .. } => lock(conn)
+                .stream
+                .as_ref()
+                .and_then(|s| s.local_addr().ok())
+                .map(|a| a.ip()),
             Client::Torch { client, .. } => lock(client).local_ip(),
         }
     }
 
     fn request(
         &self,
-        stream: &Mutex<TcpStream>,
+        conn: &Mutex<OwnConn>,
         req: &[u8],
         read_timeout: Duration,
     ) -> Result<Vec<u8>> {
-        let mut s = lock(stream);
+        let mut conn = lock(conn);
         let io_err = |what: &str, e: io::Error| DistError::Store {
             addr: self.addr.clone(),
             detail: format!("{what} failed"),
             source: Some(e),
         };
-        s.set_read_timeout(Some(read_timeout))
+        let mut stream = match conn.stream.take() {
+            Some(s) => s,
+            None => Self::try_connect(&conn.world, self.timeout).map_err(|e| match e {
+                ConnectError::Io(e) => io_err("reconnecting", e),
+                ConnectError::Rejected(reason) => DistError::Handshake {
+                    addr: self.addr.clone(),
+                    rank: self.rank,
+                    reason,
+                },
+            })?,
+        };
+        stream
+            .set_read_timeout(Some(read_timeout))
             .map_err(|e| io_err("setting a timeout", e))?;
-        wire::write_frame(&mut *s, req).map_err(|e| io_err("sending a request", e))?;
-        let reply = wire::read_frame(&mut *s, MAX_STORE_MESSAGE + 16)
+        wire::write_frame(&mut stream, req).map_err(|e| io_err("sending a request", e))?;
+        let reply = wire::read_frame(&mut stream, MAX_STORE_MESSAGE + 16)
             .map_err(|e| io_err("reading a reply", e))?;
+        // Only a stream whose exchange completed is kept.
+        conn.stream = Some(stream);
         if reply.is_empty() {
             return Err(DistError::Store {
                 addr: self.addr.clone(),
@@ -267,11 +296,11 @@ impl Store {
     pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         self.check_size(key, value)?;
         match &self.client {
-            Client::Own { stream, .. } => {
+            Client::Own { conn, .. } => {
                 let mut req = vec![OP_SET];
                 wire::put_bytes(&mut req, key.as_bytes());
                 req.extend_from_slice(value);
-                self.request(stream, &req, self.timeout)?;
+                self.request(conn, &req, self.timeout)?;
                 Ok(())
             }
             Client::Torch { client, prefix } => lock(client).set(&format!("{prefix}{key}"), value),
@@ -301,11 +330,11 @@ impl Store {
     pub fn set_if_absent(&self, key: &str, value: &[u8]) -> Result<Vec<u8>> {
         self.check_size(key, value)?;
         match &self.client {
-            Client::Own { stream, .. } => {
+            Client::Own { conn, .. } => {
                 let mut req = vec![OP_SET_IF_ABSENT];
                 wire::put_bytes(&mut req, key.as_bytes());
                 req.extend_from_slice(value);
-                let r = self.request(stream, &req, self.timeout)?;
+                let r = self.request(conn, &req, self.timeout)?;
                 Ok(r[1..].to_vec())
             }
             Client::Torch { client, prefix } => {
@@ -320,10 +349,10 @@ impl Store {
     /// [`DistError::Store`] when the store is unreachable.
     pub fn try_get(&self, key: &str) -> Result<Option<Vec<u8>>> {
         match &self.client {
-            Client::Own { stream, .. } => {
+            Client::Own { conn, .. } => {
                 let mut req = vec![OP_GET];
                 wire::put_bytes(&mut req, key.as_bytes());
-                let r = self.request(stream, &req, self.timeout)?;
+                let r = self.request(conn, &req, self.timeout)?;
                 Ok((r[0] == REPLY_OK).then(|| r[1..].to_vec()))
             }
             Client::Torch { client, prefix } => lock(client).try_get(&format!("{prefix}{key}")),
@@ -335,8 +364,8 @@ impl Store {
     /// # Errors
     /// [`DistError::Store`] when the store is unreachable.
     pub fn wait_missing(&self, keys: &[String], timeout: Duration) -> Result<Vec<String>> {
-        let stream = match &self.client {
-            Client::Own { stream, .. } => stream,
+        let conn = match &self.client {
+            Client::Own { conn, .. } => conn,
             Client::Torch { client, prefix } => {
                 let full: Vec<String> = keys.iter().map(|k| format!("{prefix}{k}")).collect();
                 let refs: Vec<&str> = full.iter().map(String::as_str).collect();
@@ -359,7 +388,7 @@ impl Store {
         for k in keys {
             wire::put_bytes(&mut req, k.as_bytes());
         }
-        let r = self.request(stream, &req, timeout + Duration::from_secs(10))?;
+        let r = self.request(conn, &req, timeout + Duration::from_secs(10))?;
         if r[0] == REPLY_OK {
             return Ok(Vec::new());
         }
@@ -412,8 +441,8 @@ impl Store {
     /// # Errors
     /// [`DistError::Store`] when the store is unreachable.
     pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        let stream = match &self.client {
-            Client::Own { stream, .. } => stream,
+        let conn = match &self.client {
+            Client::Own { conn, .. } => conn,
             Client::Torch { client, prefix } => {
                 return lock(client).add(&format!("{prefix}{key}"), delta);
             }
@@ -421,7 +450,7 @@ impl Store {
         let mut req = vec![OP_ADD];
         wire::put_bytes(&mut req, key.as_bytes());
         req.extend_from_slice(&(delta as u64).to_le_bytes());
-        let r = self.request(stream, &req, self.timeout)?;
+        let r = self.request(conn, &req, self.timeout)?;
         let v: [u8; 8] =
             r.get(1..9)
                 .and_then(|b| b.try_into().ok())
@@ -487,7 +516,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
     use std::net::{Ipv4Addr, TcpListener};
+    use std::sync::Arc;
 
     fn free_port() -> u16 {
         TcpListener::bind("127.0.0.1:0")
@@ -566,6 +597,74 @@ mod tests {
         assert_eq!(winners, 1, "{answers:?}");
         // A later call keeps the first value.
         assert_eq!(s0.set_if_absent("first", b"late").expect("again"), winner);
+    }
+
+    /// Plays the store's side of the handshake on an accepted connection.
+    fn accept_client(s: &mut TcpStream) {
+        wire::read_frame(s, wire::MAX_HANDSHAKE).expect("handshake");
+        wire::write_frame(s, &[REPLY_OK]).expect("accept");
+    }
+
+    fn accept_within(listener: &TcpListener, limit: Duration) -> Option<TcpStream> {
+        listener.set_nonblocking(true).expect("nonblocking");
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Ok((s, _)) = listener.accept() {
+                s.set_nonblocking(false).expect("blocking");
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// A fake store whose first connection answers its first request late and in two pieces; the
+    /// second connection answers at once. A client that kept its first stream would read the
+    /// late reply as the answer to its next request.
+    #[test]
+    fn a_request_that_timed_out_drops_its_connection() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let late_sent = Arc::new(std::sync::Barrier::new(2));
+        let server = {
+            let late_sent = Arc::clone(&late_sent);
+            std::thread::spawn(move || {
+                let (mut first, _) = listener.accept().expect("first connection");
+                accept_client(&mut first);
+                wire::read_frame(&mut first, MAX_STORE_MESSAGE).expect("request");
+                // A partial frame, then nothing until the client has given up.
+                let mut stale = vec![REPLY_OK];
+                stale.extend_from_slice(b"stale");
+                let mut framed = (stale.len() as u32).to_le_bytes().to_vec();
+                framed.extend_from_slice(&stale);
+                first.write_all(&framed[..5]).expect("partial");
+                // A client that kept its stream never comes back (the test then fails, not hangs).
+                let second = accept_within(&listener, Duration::from_secs(10));
+                first.write_all(&framed[5..]).expect("rest");
+                late_sent.wait();
+                let Some(mut second) = second else { return };
+                accept_client(&mut second);
+                wire::read_frame(&mut second, MAX_STORE_MESSAGE).expect("request");
+                let mut fresh = vec![REPLY_OK];
+                fresh.extend_from_slice(b"fresh");
+                wire::write_frame(&mut second, &fresh).expect("reply");
+                // Keep the first connection open until the client is done.
+                let _ = wire::read_frame(&mut second, MAX_STORE_MESSAGE);
+                drop(first);
+            })
+        };
+        let s1 = Store::connect(&world(1, 2, port), Duration::from_millis(300)).expect("connect");
+        let e = s1.try_get("k").expect_err("no reply in time");
+        assert!(e.to_string().contains("reading a reply"), "{e}");
+        // The reconnect's handshake waits until the late bytes are on the old stream.
+        let got = std::thread::scope(|sc| {
+            let h = sc.spawn(|| s1.try_get("k"));
+            late_sent.wait();
+            h.join().expect("join")
+        });
+        assert_eq!(got.expect("second request"), Some(b"fresh".to_vec()));
+        drop(s1);
+        server.join().expect("fake store");
     }
 
     #[test]
