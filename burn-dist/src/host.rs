@@ -6,7 +6,7 @@ use crate::comm::{Communicator, DType, Element, HostBuf, ReduceOp, with_slice};
 use crate::error::{DistError, Result};
 use crate::failure::{self, Kind, Record};
 use crate::store::Store;
-use crate::wire::{self, ConnKind};
+use crate::wire::{self, ConnKind, HandshakeError};
 use crate::world::World;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 const CHUNK_BYTES: usize = 1 << 20;
 /// How long rank 0 keeps serving the store after a failed collective.
 const STORE_LINGER: Duration = Duration::from_secs(2);
+/// Ring connections in their handshake at once; a new one beyond that closes the oldest.
+const MAX_PENDING_HANDSHAKES: usize = 64;
 /// IP address this rank advertises for its ring connections (default: the local address of its
 /// connection to rank 0's store).
 pub const ADDR_ENV: &str = "BURN_DIST_ADDR";
@@ -220,6 +222,12 @@ impl Host {
                 .local_ip()
                 .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1])),
         };
+        wire::require_token(
+            &world.job_token,
+            &[ip],
+            "the ring (this rank's address for its peers)",
+        )
+        .map_err(|detail| DistError::NoJobToken { rank, detail })?;
         let listener = TcpListener::bind(SocketAddr::new(ip, 0))
             .map_err(|e| io_err(rank, "binding the ring port", &ip.to_string(), e))?;
         let me = listener
@@ -240,17 +248,26 @@ impl Host {
         })?;
         // Connect to next in a thread while accepting prev here (both must progress at once).
         let token = world.job_token.clone();
-        let connector = std::thread::spawn(move || -> io::Result<TcpStream> {
+        let connector = std::thread::spawn(move || -> Result<TcpStream, HandshakeError> {
             let start = Instant::now();
             loop {
-                match TcpStream::connect_timeout(&sa, Duration::from_secs(5)) {
-                    Ok(mut s) => {
-                        tune(&s, timeout)?;
-                        wire::write_frame(
-                            &mut s,
-                            &wire::handshake_bytes(ConnKind::Ring, rank, &token),
-                        )?;
-                        return Ok(s);
+                let attempt = TcpStream::connect_timeout(&sa, Duration::from_secs(5))
+                    .map_err(HandshakeError::Io)
+                    .and_then(|s| {
+                        tune(&s, timeout).map_err(HandshakeError::Io)?;
+                        let mut timed = wire::Deadline {
+                            stream: &s,
+                            deadline: Instant::now() + wire::HANDSHAKE_TIMEOUT,
+                        };
+                        wire::client_handshake(&mut timed, ConnKind::Ring, rank, &token)?;
+                        tune(&s, timeout).map_err(HandshakeError::Io)?;
+                        Ok(s)
+                    });
+                match attempt {
+                    Ok(s) => return Ok(s),
+                    // Refused, or not a rank of this job: retrying will not help.
+                    Err(e @ (HandshakeError::Rejected(_) | HandshakeError::Unproven(_))) => {
+                        return Err(e);
                     }
                     Err(e) if start.elapsed() >= timeout => return Err(e),
                     Err(_) => std::thread::sleep(Duration::from_millis(50)),
@@ -268,13 +285,23 @@ impl Host {
                     io::Error::other("panic"),
                 )
             })?
-            .map_err(|e| {
-                io_err(
+            .map_err(|e| match e {
+                HandshakeError::Io(e) => io_err(
                     rank,
                     &format!("connecting to rank {next_rank}"),
                     &next_addr,
                     e,
-                )
+                ),
+                HandshakeError::Rejected(reason) => DistError::Unproven {
+                    addr: next_addr.clone(),
+                    rank,
+                    reason: format!("rank {next_rank} refused our handshake ({reason})"),
+                },
+                HandshakeError::Unproven(reason) => DistError::Unproven {
+                    addr: next_addr.clone(),
+                    rank,
+                    reason: format!("the address rank {next_rank} published: {reason}"),
+                },
             })?;
         let activity: Arc<failure::Activity> = Arc::default();
         let publisher = failure::Publisher::start(Arc::clone(&store), rank, Arc::clone(&activity));
@@ -301,6 +328,10 @@ impl Host {
         Ok(host)
     }
 
+    /// Accepts connections on the ring port until rank `prev_rank` completes the handshake. Each
+    /// handshake runs on its own thread under [`wire::HANDSHAKE_TIMEOUT`], at most
+    /// [`MAX_PENDING_HANDSHAKES`] at once (a new one closes the oldest), so idle or garbage
+    /// connections cannot hold up the ring.
     fn accept_prev(
         listener: &TcpListener,
         rank: usize,
@@ -315,43 +346,71 @@ impl Host {
         listener
             .set_nonblocking(true)
             .map_err(|e| io_err(rank, "configuring the ring port", &addr, e))?;
+        let pending = Arc::new(wire::Pending::new(MAX_PENDING_HANDSHAKES));
+        let (done_tx, done_rx) = mpsc::channel::<(TcpStream, SocketAddr, Result<usize, String>)>();
         let start = Instant::now();
         loop {
             match listener.accept() {
-                Ok((mut s, peer)) => {
-                    s.set_nonblocking(false)
-                        .map_err(|e| io_err(rank, "configuring a ring socket", &addr, e))?;
-                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-                    let checked = wire::read_frame(&mut s, wire::MAX_HANDSHAKE)
-                        .map_err(|e| e.to_string())
-                        .and_then(|hs| wire::check_handshake(&hs, ConnKind::Ring, token));
-                    match checked {
-                        Ok(r) if r == prev_rank => {
-                            tune(&s, timeout)
-                                .map_err(|e| io_err(rank, "configuring a ring socket", &addr, e))?;
-                            return Ok(s);
-                        }
-                        Ok(r) => eprintln!(
-                            "[burn-dist rank {rank}] dropped ring connection from {peer}: rank {r}, expected {prev_rank}"
-                        ),
-                        Err(reason) => eprintln!(
-                            "[burn-dist rank {rank}] dropped ring connection from {peer}: {reason}"
-                        ),
+                Ok((s, peer)) => {
+                    let (ticket, evicted) = pending.admit(&s);
+                    if let Some(old) = evicted {
+                        eprintln!(
+                            "[burn-dist rank {rank}] closed ring connection from {old}: \
+                             {MAX_PENDING_HANDSHAKES} newer ones are in their handshake"
+                        );
                     }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if start.elapsed() >= timeout {
-                        return Err(DistError::Timeout {
-                            op: "connecting the ring",
-                            rank,
-                            peer: prev_rank,
-                            deadline: timeout,
+                    let (pending, done_tx, token) =
+                        (Arc::clone(&pending), done_tx.clone(), token.to_string());
+                    let spawned = std::thread::Builder::new()
+                        .name("burn-dist-ring-handshake".into())
+                        .spawn(move || {
+                            let checked = s
+                                .set_nonblocking(false)
+                                .map_err(|e| e.to_string())
+                                .and_then(|()| {
+                                    let mut timed = wire::Deadline {
+                                        stream: &s,
+                                        deadline: Instant::now() + wire::HANDSHAKE_TIMEOUT,
+                                    };
+                                    wire::server_handshake(&mut timed, ConnKind::Ring, &token)
+                                });
+                            pending.done(ticket);
+                            // The ring may be connected already; then nobody listens.
+                            let _ = done_tx.send((s, peer, checked));
                         });
+                    if let Err(e) = spawned {
+                        eprintln!(
+                            "[burn-dist rank {rank}] could not start a handshake thread: {e}"
+                        );
                     }
-                    std::thread::sleep(Duration::from_millis(10));
                 }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(io_err(rank, "accepting the previous rank", &addr, e)),
             }
+            while let Ok((s, peer, checked)) = done_rx.try_recv() {
+                match checked {
+                    Ok(r) if r == prev_rank => {
+                        tune(&s, timeout)
+                            .map_err(|e| io_err(rank, "configuring a ring socket", &addr, e))?;
+                        return Ok(s);
+                    }
+                    Ok(r) => eprintln!(
+                        "[burn-dist rank {rank}] dropped ring connection from {peer}: rank {r}, expected {prev_rank}"
+                    ),
+                    Err(reason) => eprintln!(
+                        "[burn-dist rank {rank}] dropped ring connection from {peer}: {reason}"
+                    ),
+                }
+            }
+            if start.elapsed() >= timeout {
+                return Err(DistError::Timeout {
+                    op: "connecting the ring",
+                    rank,
+                    peer: prev_rank,
+                    deadline: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 
@@ -1181,12 +1240,10 @@ mod tests {
             .expect("rank 0's address");
         let theirs: SocketAddr = String::from_utf8_lossy(&theirs).parse().expect("address");
         let mut to_rank0 = TcpStream::connect(theirs).expect("connect");
-        wire::write_frame(
-            &mut to_rank0,
-            &wire::handshake_bytes(ConnKind::Ring, 1, &w1.job_token),
-        )
-        .expect("handshake");
-        let (_from_rank0, _) = listener.accept().expect("rank 0 connects");
+        wire::client_handshake(&mut to_rank0, ConnKind::Ring, 1, &w1.job_token).expect("handshake");
+        let (mut from_rank0, _) = listener.accept().expect("rank 0 connects");
+        wire::server_handshake(&mut from_rank0, ConnKind::Ring, &w1.job_token)
+            .expect("rank 0's handshake");
         let trickle = std::thread::spawn(move || {
             while to_rank0.write_all(&[0]).is_ok() {
                 std::thread::sleep(Duration::from_millis(500));

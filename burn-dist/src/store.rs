@@ -4,17 +4,16 @@
 //! Who serves it depends on the launcher: torchrun's agent already serves a torch TCPStore, which
 //! every rank joins as a client ([`crate::torch_store`]) with its keys under a prefix of the run and
 //! restart; otherwise rank 0 serves burn-dist's own store ([`crate::store_server`]), whose
-//! connections start with a handshake carrying the job token.
+//! connections start with a handshake in which both sides prove they hold the job token
+//! ([`crate::wire`]).
 
 use crate::error::{DistError, Result};
-use crate::store_server::{
-    OP_ADD, OP_GET, OP_SET, OP_SET_IF_ABSENT, OP_WAIT, REPLY_OK, REPLY_REJECTED, Server,
-};
+use crate::store_server::{OP_ADD, OP_GET, OP_SET, OP_SET_IF_ABSENT, OP_WAIT, REPLY_OK, Server};
 use crate::torch_store::TorchStore;
 use crate::wire::{self, ConnKind, Cursor};
 use crate::world::{Rendezvous, World};
 use std::io;
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -135,15 +134,25 @@ impl Store {
                 prefix: key_prefix.clone(),
             },
             Rendezvous::OwnStore => {
+                let addrs = resolve(&world.master_addr, world.master_port).map_err(|source| {
+                    DistError::Resolve {
+                        host: world.master_addr.clone(),
+                        source,
+                    }
+                })?;
+                let ips: Vec<IpAddr> = addrs.iter().map(SocketAddr::ip).collect();
+                wire::require_token(&world.job_token, &ips, "the rendezvous store (MASTER_ADDR)")
+                    .map_err(|detail| DistError::NoJobToken {
+                    rank: world.rank,
+                    detail,
+                })?;
                 let server = if world.rank == 0 {
-                    let addrs =
-                        resolve(&world.master_addr, world.master_port).map_err(|source| {
-                            DistError::Resolve {
-                                host: world.master_addr.clone(),
-                                source,
-                            }
-                        })?;
-                    Some(Server::start(&addrs, world.master_port, &world.job_token)?)
+                    Some(Server::start(
+                        &addrs,
+                        world.master_port,
+                        &world.job_token,
+                        world.world_size,
+                    )?)
                 } else {
                     None
                 };
@@ -178,6 +187,13 @@ impl Store {
                         reason,
                     });
                 }
+                Err(ConnectError::Unproven(reason)) => {
+                    return Err(DistError::Unproven {
+                        addr: addr.to_string(),
+                        rank: world.rank,
+                        reason,
+                    });
+                }
                 Err(ConnectError::Io(e)) => {
                     if start.elapsed() >= timeout {
                         return Err(DistError::StoreConnect {
@@ -194,26 +210,25 @@ impl Store {
     }
 
     fn try_connect(world: &World, timeout: Duration) -> Result<TcpStream, ConnectError> {
-        let mut s = connect_any(&world.master_addr, world.master_port, timeout)
+        let s = connect_any(&world.master_addr, world.master_port, timeout)
             .map_err(ConnectError::Io)?;
         s.set_nodelay(true).map_err(ConnectError::Io)?;
-        s.set_read_timeout(Some(timeout.max(Duration::from_secs(1))))
-            .map_err(ConnectError::Io)?;
-        s.set_write_timeout(Some(timeout.max(Duration::from_secs(1))))
-            .map_err(ConnectError::Io)?;
-        wire::write_frame(
-            &mut s,
-            &wire::handshake_bytes(ConnKind::Store, world.rank, &world.job_token),
-        )
-        .map_err(ConnectError::Io)?;
-        let reply = wire::read_frame(&mut s, wire::MAX_HANDSHAKE).map_err(ConnectError::Io)?;
-        match reply.first() {
-            Some(&REPLY_OK) => Ok(s),
-            Some(&REPLY_REJECTED) => Err(ConnectError::Rejected(
-                String::from_utf8_lossy(&reply[1..]).into_owned(),
-            )),
-            _ => Err(ConnectError::Rejected("unexpected handshake reply".into())),
-        }
+        // The handshake is small: a server that takes long over it is not a healthy store.
+        let mut timed = wire::Deadline {
+            stream: &s,
+            deadline: Instant::now() + wire::HANDSHAKE_TIMEOUT,
+        };
+        wire::client_handshake(&mut timed, ConnKind::Store, world.rank, &world.job_token).map_err(
+            |e| match e {
+                wire::HandshakeError::Io(e) => ConnectError::Io(e),
+                wire::HandshakeError::Rejected(r) => ConnectError::Rejected(r),
+                wire::HandshakeError::Unproven(r) => ConnectError::Unproven(r),
+            },
+        )?;
+        let t = timeout.max(Duration::from_secs(1));
+        s.set_read_timeout(Some(t)).map_err(ConnectError::Io)?;
+        s.set_write_timeout(Some(t)).map_err(ConnectError::Io)?;
+        Ok(s)
     }
 
     /// The store address (`host:port`).
@@ -265,6 +280,11 @@ impl Store {
             None => Self::try_connect(&conn.world, self.timeout).map_err(|e| match e {
                 ConnectError::Io(e) => io_err("reconnecting", e),
                 ConnectError::Rejected(reason) => DistError::Handshake {
+                    addr: self.addr.clone(),
+                    rank: self.rank,
+                    reason,
+                },
+                ConnectError::Unproven(reason) => DistError::Unproven {
                     addr: self.addr.clone(),
                     rank: self.rank,
                     reason,
@@ -506,6 +526,7 @@ impl Store {
 enum ConnectError {
     Io(io::Error),
     Rejected(String),
+    Unproven(String),
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -601,8 +622,7 @@ mod tests {
 
     /// Plays the store's side of the handshake on an accepted connection.
     fn accept_client(s: &mut TcpStream) {
-        wire::read_frame(s, wire::MAX_HANDSHAKE).expect("handshake");
-        wire::write_frame(s, &[REPLY_OK]).expect("accept");
+        wire::server_handshake(s, ConnKind::Store, "tok").expect("handshake");
     }
 
     fn accept_within(listener: &TcpListener, limit: Duration) -> Option<TcpStream> {
@@ -665,6 +685,38 @@ mod tests {
         assert_eq!(got.expect("second request"), Some(b"fresh".to_vec()));
         drop(s1);
         server.join().expect("fake store");
+    }
+
+    /// A server on the store port that speaks the handshake but does not hold the token.
+    #[test]
+    fn a_store_that_cannot_prove_the_token_is_refused() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().expect("accept");
+            wire::pretend_server(&mut s, |_| vec![0; 32])
+        });
+        let e = Store::connect(&world(1, 2, port), Duration::from_secs(5)).expect_err("refused");
+        assert!(matches!(e, DistError::Unproven { .. }), "{e}");
+        assert!(e.to_string().contains("could not prove"), "{e}");
+        server
+            .join()
+            .expect("fake store")
+            .expect("fake store's side");
+    }
+
+    #[test]
+    fn an_empty_token_off_loopback_is_refused_with_how_to_set_one() {
+        let mut w = world(0, 2, free_port());
+        w.master_addr = "192.0.2.1".into();
+        w.job_token = String::new();
+        let e = Store::connect(&w, Duration::from_secs(1)).expect_err("no token");
+        assert!(matches!(e, DistError::NoJobToken { .. }), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("BURN_DIST_JOB_TOKEN") && text.contains("--rdzv-id"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -1,11 +1,23 @@
-//! Length-prefixed frames and the versioned handshake shared by the store and the host backend.
+//! Length-prefixed frames and the versioned handshake shared by the store and the ring.
+//!
+//! The handshake proves, both ways, that each side holds the job token without sending it:
+//! the client announces its kind, rank and a fresh nonce; the server answers with its own nonce;
+//! the client sends HMAC-SHA256(token, both nonces, ...) and the server checks it in constant time
+//! before it answers with its own HMAC, which the client checks the same way. A server that does
+//! not hold the token learns nothing reusable (both nonces are fresh), and a client that does not
+//! hold it never gets the server's proof.
 
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Magic bytes opening every handshake.
 pub(crate) const MAGIC: &[u8; 4] = b"BDST";
 /// Protocol version; bump on any wire change.
-pub(crate) const VERSION: u16 = 1;
+pub(crate) const VERSION: u16 = 2;
 /// Largest handshake frame accepted (token + fixed fields).
 pub(crate) const MAX_HANDSHAKE: usize = 4096;
 
@@ -43,36 +55,281 @@ pub(crate) fn read_frame(r: &mut impl Read, max: usize) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// Handshake payload: magic, version, kind, rank, token.
-pub(crate) fn handshake_bytes(kind: ConnKind, rank: usize, token: &str) -> Vec<u8> {
-    let mut b = Vec::with_capacity(16 + token.len());
-    b.extend_from_slice(MAGIC);
-    b.extend_from_slice(&VERSION.to_le_bytes());
-    b.push(kind as u8);
-    b.extend_from_slice(&(rank as u32).to_le_bytes());
-    b.extend_from_slice(token.as_bytes());
-    b
+/// The whole handshake's deadline, on both sides, in the store and the ring: it is a few small
+/// frames, so a peer that takes longer is idle or hostile and must not hold a slot.
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A stream whose reads and writes together must finish by `deadline` (a per-read socket
+/// timeout alone lets a peer that trickles bytes stretch the handshake without bound).
+pub(crate) struct Deadline<'a> {
+    pub(crate) stream: &'a TcpStream,
+    pub(crate) deadline: Instant,
 }
 
-/// Parses and checks a handshake; returns the peer's rank or why it is rejected.
-pub(crate) fn check_handshake(b: &[u8], kind: ConnKind, token: &str) -> Result<usize, String> {
-    if b.len() < 11 || &b[..4] != MAGIC {
-        return Err("not a burn-dist handshake (bad magic)".to_string());
+impl Deadline<'_> {
+    fn remaining(&self) -> io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "handshake deadline passed",
+            ));
+        }
+        Ok(left)
     }
-    let version = u16::from_le_bytes([b[4], b[5]]);
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.set_read_timeout(Some(self.remaining()?))?;
+        (&mut &*self.stream).read(buf)
+    }
+}
+
+impl Write for Deadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.set_write_timeout(Some(self.remaining()?))?;
+        (&mut &*self.stream).write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The connections of one listener that are still in their handshake, at most `max`. A new one
+/// beyond that closes the oldest: idle connections then cannot keep a rank out (only a flood
+/// faster than one handshake's round trip could), and the handshake threads stay bounded.
+pub(crate) struct Pending {
+    max: usize,
+    open: Mutex<VecDeque<(u64, Option<TcpStream>)>>,
+    next: AtomicU64,
+}
+
+impl Pending {
+    pub(crate) fn new(max: usize) -> Self {
+        Self {
+            max,
+            open: Mutex::new(VecDeque::new()),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// Registers `s`; returns its ticket for [`Pending::done`] and the peer of the connection
+    /// closed to make room, if any.
+    pub(crate) fn admit(&self, s: &TcpStream) -> (u64, Option<String>) {
+        let ticket = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut evicted = None;
+        if open.len() >= self.max
+            && let Some((_, Some(old))) = open.pop_front()
+        {
+            evicted = Some(old.peer_addr().map(|a| a.to_string()).unwrap_or_default());
+            // Its handshake thread's next read fails at once.
+            let _ = old.shutdown(Shutdown::Both);
+        }
+        open.push_back((ticket, s.try_clone().ok()));
+        (ticket, evicted)
+    }
+
+    /// The handshake of `ticket` ended.
+    pub(crate) fn done(&self, ticket: u64) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.retain(|(t, _)| *t != ticket);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.open.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// Bytes of each side's nonce.
+const NONCE: usize = 32;
+/// Bytes of a proof (HMAC-SHA256).
+const PROOF: usize = 32;
+/// First byte of the server's frames in the handshake.
+const HS_OK: u8 = 0;
+const HS_CHALLENGE: u8 = 1;
+const HS_REJECTED: u8 = 2;
+
+/// Why a client's handshake failed.
+#[derive(Debug)]
+pub(crate) enum HandshakeError {
+    /// The connection failed or timed out (worth retrying).
+    Io(io::Error),
+    /// The server refused us (wrong token, version or kind), with its reason.
+    Rejected(String),
+    /// The server is not of this job: it could not prove it holds the token, or does not speak
+    /// the protocol.
+    Unproven(String),
+}
+
+/// The proof that one side holds `token`: HMAC-SHA256 keyed by the token over both nonces, the
+/// connection kind, the client's claimed rank and the side's role, so that no proof can be
+/// replayed on another connection or reflected back as the other side's.
+fn proof(
+    token: &str,
+    role: &[u8],
+    kind: ConnKind,
+    rank: u32,
+    client: &[u8],
+    server: &[u8],
+) -> [u8; PROOF] {
+    use hmac::Mac;
+    // HMAC takes a key of any length (an empty token included), so this cannot fail.
+    let mut mac = <hmac::Hmac<sha2::Sha256> as Mac>::new_from_slice(token.as_bytes())
+        .unwrap_or_else(|_| unreachable!("HMAC accepts keys of every length"));
+    mac.update(MAGIC);
+    mac.update(&VERSION.to_le_bytes());
+    mac.update(role);
+    mac.update(&[kind as u8]);
+    mac.update(&rank.to_le_bytes());
+    mac.update(client);
+    mac.update(server);
+    mac.finalize().into_bytes().into()
+}
+
+fn same(a: &[u8], b: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
+}
+
+/// The client's side of the handshake: announce kind, rank and a nonce; answer the server's
+/// nonce with our proof of the token; accept the server only once it proved the token too. The
+/// caller sets the stream's timeouts.
+pub(crate) fn client_handshake(
+    s: &mut (impl Read + Write),
+    kind: ConnKind,
+    rank: usize,
+    token: &str,
+) -> Result<(), HandshakeError> {
+    let rank = u32::try_from(rank)
+        .map_err(|_| HandshakeError::Rejected(format!("rank {rank} is too large")))?;
+    let ours: [u8; NONCE] = rand::random();
+    let mut hello = Vec::with_capacity(11 + NONCE);
+    hello.extend_from_slice(MAGIC);
+    hello.extend_from_slice(&VERSION.to_le_bytes());
+    hello.push(kind as u8);
+    hello.extend_from_slice(&rank.to_le_bytes());
+    hello.extend_from_slice(&ours);
+    write_frame(s, &hello).map_err(HandshakeError::Io)?;
+    let challenge = read_frame(s, MAX_HANDSHAKE).map_err(HandshakeError::Io)?;
+    let theirs = match challenge.split_first() {
+        Some((&HS_CHALLENGE, nonce)) if nonce.len() == NONCE => nonce.to_vec(),
+        Some((&HS_REJECTED, reason)) => {
+            return Err(HandshakeError::Rejected(
+                String::from_utf8_lossy(reason).into_owned(),
+            ));
+        }
+        _ => {
+            return Err(HandshakeError::Unproven(
+                "it does not speak burn-dist's handshake".into(),
+            ));
+        }
+    };
+    write_frame(s, &proof(token, b"client", kind, rank, &ours, &theirs))
+        .map_err(HandshakeError::Io)?;
+    let verdict = read_frame(s, MAX_HANDSHAKE).map_err(HandshakeError::Io)?;
+    match verdict.split_first() {
+        Some((&HS_OK, server_proof))
+            if same(
+                server_proof,
+                &proof(token, b"server", kind, rank, &ours, &theirs),
+            ) =>
+        {
+            Ok(())
+        }
+        Some((&HS_OK, _)) => Err(HandshakeError::Unproven(
+            "it could not prove it holds this job's token".into(),
+        )),
+        Some((&HS_REJECTED, reason)) => Err(HandshakeError::Rejected(
+            String::from_utf8_lossy(reason).into_owned(),
+        )),
+        _ => Err(HandshakeError::Unproven(
+            "it does not speak burn-dist's handshake".into(),
+        )),
+    }
+}
+
+/// The server's side of the handshake; returns the client's rank, or why it was refused (the
+/// client is told too when it speaks the protocol). The caller sets the stream's timeouts.
+pub(crate) fn server_handshake(
+    s: &mut (impl Read + Write),
+    kind: ConnKind,
+    token: &str,
+) -> Result<usize, String> {
+    let hello = read_frame(s, MAX_HANDSHAKE).map_err(|e| format!("no valid handshake ({e})"))?;
+    if hello.len() != 11 + NONCE || &hello[..4] != MAGIC {
+        // Not ours: an older burn-dist gets told, anything else gets nothing useful back.
+        if hello.len() >= 6 && &hello[..4] == MAGIC {
+            let version = u16::from_le_bytes([hello[4], hello[5]]);
+            return Err(refuse(
+                s,
+                format!("protocol version {version}, expected {VERSION}"),
+            ));
+        }
+        return Err("not a burn-dist handshake (bad magic or length)".to_string());
+    }
+    let version = u16::from_le_bytes([hello[4], hello[5]]);
     if version != VERSION {
-        return Err(format!("protocol version {version}, expected {VERSION}"));
-    }
-    if b[6] != kind as u8 {
-        return Err(format!("connection kind {}, expected {}", b[6], kind as u8));
-    }
-    let rank = u32::from_le_bytes([b[7], b[8], b[9], b[10]]) as usize;
-    if &b[11..] != token.as_bytes() {
-        return Err(format!(
-            "unknown job token from a peer claiming rank {rank}"
+        return Err(refuse(
+            s,
+            format!("protocol version {version}, expected {VERSION}"),
         ));
     }
-    Ok(rank)
+    if hello[6] != kind as u8 {
+        return Err(refuse(
+            s,
+            format!("connection kind {}, expected {}", hello[6], kind as u8),
+        ));
+    }
+    let rank = u32::from_le_bytes([hello[7], hello[8], hello[9], hello[10]]);
+    let theirs = &hello[11..];
+    let ours: [u8; NONCE] = rand::random();
+    let mut challenge = vec![HS_CHALLENGE];
+    challenge.extend_from_slice(&ours);
+    write_frame(s, &challenge).map_err(|e| format!("sending the challenge failed ({e})"))?;
+    let answer =
+        read_frame(s, MAX_HANDSHAKE).map_err(|e| format!("no answer to the challenge ({e})"))?;
+    if !same(&answer, &proof(token, b"client", kind, rank, theirs, &ours)) {
+        return Err(refuse(
+            s,
+            format!("unknown job token from a peer claiming rank {rank}"),
+        ));
+    }
+    let mut ok = vec![HS_OK];
+    ok.extend_from_slice(&proof(token, b"server", kind, rank, theirs, &ours));
+    write_frame(s, &ok).map_err(|e| format!("sending the proof failed ({e})"))?;
+    Ok(rank as usize)
+}
+
+/// Tells a client why it is refused, and returns the reason.
+fn refuse(s: &mut impl Write, reason: String) -> String {
+    let mut r = vec![HS_REJECTED];
+    r.extend_from_slice(reason.as_bytes());
+    let _ = write_frame(s, &r);
+    reason
+}
+
+/// Refuses an empty job token when the job listens or connects off loopback, where anyone who
+/// reaches the port could otherwise join; `Err` holds the sentence to show.
+pub(crate) fn require_token(
+    token: &str,
+    ips: &[std::net::IpAddr],
+    what: &str,
+) -> Result<(), String> {
+    let Some(open) = ips.iter().find(|ip| !ip.is_loopback()) else {
+        return Ok(());
+    };
+    if !token.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "{what} uses {open}, which is not a loopback address, and the job has no token, so anyone \
+         who reaches the port could join: export the same secret BURN_DIST_JOB_TOKEN=<secret> for \
+         every rank (under torchrun or SLURM, in the environment they pass to their workers), or \
+         start the job with burn-dist's launcher and give every node the same --rdzv-id <ID>"
+    ))
 }
 
 /// Little reader over a byte slice for message decoding.
@@ -121,4 +378,138 @@ impl<'a> Cursor<'a> {
 pub(crate) fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(&(b.len() as u32).to_le_bytes());
     out.extend_from_slice(b);
+}
+
+/// Plays a server that does not hold the token: it challenges, then says "accepted" whatever
+/// the client proves, with `server_proof(client's proof)` as its own proof.
+#[cfg(test)]
+pub(crate) fn pretend_server(
+    s: &mut TcpStream,
+    server_proof: fn(&[u8]) -> Vec<u8>,
+) -> io::Result<()> {
+    let _hello = read_frame(s, MAX_HANDSHAKE)?;
+    let mut challenge = vec![HS_CHALLENGE];
+    challenge.extend_from_slice(&[9u8; NONCE]);
+    write_frame(s, &challenge)?;
+    let client_proof = read_frame(s, MAX_HANDSHAKE)?;
+    let mut ok = vec![HS_OK];
+    ok.extend_from_slice(&server_proof(&client_proof));
+    write_frame(s, &ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A listener on 127.0.0.1 and a connected pair (client, server side).
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let c = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (s, _) = l.accept().expect("accept");
+        for x in [&c, &s] {
+            x.set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("timeout");
+        }
+        (c, s)
+    }
+
+    fn run_server(
+        mut s: TcpStream,
+        token: &'static str,
+    ) -> std::thread::JoinHandle<Result<usize, String>> {
+        std::thread::spawn(move || server_handshake(&mut s, ConnKind::Ring, token))
+    }
+
+    #[test]
+    fn the_same_token_on_both_sides_connects() {
+        let (mut c, s) = pair();
+        let server = run_server(s, "secret");
+        client_handshake(&mut c, ConnKind::Ring, 7, "secret").expect("client");
+        assert_eq!(server.join().expect("join"), Ok(7));
+    }
+
+    #[test]
+    fn a_client_with_the_wrong_token_is_refused() {
+        let (mut c, s) = pair();
+        let server = run_server(s, "secret");
+        match client_handshake(&mut c, ConnKind::Ring, 1, "guess") {
+            Err(HandshakeError::Rejected(r)) => assert!(r.contains("unknown job token"), "{r}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let e = server.join().expect("join").expect_err("refused");
+        assert!(e.contains("unknown job token"), "{e}");
+    }
+
+    fn fake_server(
+        mut s: TcpStream,
+        server_proof: fn(&[u8]) -> Vec<u8>,
+    ) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || pretend_server(&mut s, server_proof).expect("fake server"))
+    }
+
+    #[test]
+    fn a_server_that_cannot_prove_the_token_is_refused() {
+        // A made-up proof, and the client's own proof reflected back.
+        type Fake = fn(&[u8]) -> Vec<u8>;
+        let fakes: [Fake; 2] = [|_| vec![0u8; PROOF], <[u8]>::to_vec];
+        for fake in fakes {
+            let (mut c, s) = pair();
+            let server = fake_server(s, fake);
+            match client_handshake(&mut c, ConnKind::Store, 0, "secret") {
+                Err(HandshakeError::Unproven(r)) => assert!(r.contains("token"), "{r}"),
+                other => panic!("expected the server to be refused, got {other:?}"),
+            }
+            server.join().expect("fake server");
+        }
+    }
+
+    #[test]
+    fn an_http_request_gets_no_proof_and_no_hang() {
+        let (mut c, s) = pair();
+        let server = std::thread::spawn(move || {
+            let mut timed = Deadline {
+                stream: &s,
+                deadline: Instant::now() + Duration::from_millis(500),
+            };
+            server_handshake(&mut timed, ConnKind::Store, "secret")
+        });
+        // A plausible length prefix ("GET ") that then never completes.
+        c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("write");
+        let e = server.join().expect("join").expect_err("not a handshake");
+        assert!(e.contains("no valid handshake"), "{e}");
+    }
+
+    #[test]
+    fn a_full_pending_list_closes_its_oldest_connection() {
+        let pending = Pending::new(2);
+        let (mut c1, s1) = pair();
+        let (_c2, s2) = pair();
+        let (_c3, s3) = pair();
+        let (t1, none) = pending.admit(&s1);
+        assert!(none.is_none());
+        pending.admit(&s2);
+        let (_, evicted) = pending.admit(&s3);
+        assert!(evicted.is_some());
+        assert_eq!(pending.len(), 2);
+        // The evicted connection is closed: its client reads the end of the stream.
+        let mut b = [0u8; 1];
+        assert_eq!(c1.read(&mut b).expect("read"), 0);
+        pending.done(t1);
+        assert_eq!(pending.len(), 2);
+    }
+
+    #[test]
+    fn an_empty_token_is_refused_off_loopback_only() {
+        let lo: std::net::IpAddr = "127.0.0.1".parse().expect("ip");
+        let net: std::net::IpAddr = "192.0.2.1".parse().expect("ip");
+        assert!(require_token("", &[lo], "the store").is_ok());
+        assert!(require_token("t", &[net], "the store").is_ok());
+        let e = require_token("", &[lo, net], "the store").expect_err("refused");
+        assert!(
+            e.contains("192.0.2.1") && e.contains("BURN_DIST_JOB_TOKEN") && e.contains("--rdzv-id"),
+            "{e}"
+        );
+    }
 }

@@ -306,16 +306,29 @@ fn garbage_and_wrong_token_on_the_store_port_are_dropped() {
     // An oversized frame.
     let mut o = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     let _ = o.write_all(&u32::MAX.to_le_bytes());
-    // A well-formed handshake with the wrong token.
-    let mut w = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    // A handshake of an older protocol version.
+    let mut v1 = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     let mut hs = b"BDST".to_vec();
     hs.extend_from_slice(&1u16.to_le_bytes());
     hs.push(1);
     hs.extend_from_slice(&1u32.to_le_bytes());
-    hs.extend_from_slice(b"wrong-token");
+    hs.extend_from_slice(b"test-token");
     let mut frame = (hs.len() as u32).to_le_bytes().to_vec();
     frame.extend_from_slice(&hs);
-    let _ = w.write_all(&frame);
+    let _ = v1.write_all(&frame);
+    // A client of this protocol with the wrong token.
+    let wrong = burn_dist::World {
+        rank: 1,
+        world_size: 2,
+        local_rank: 1,
+        local_world_size: 2,
+        master_addr: "127.0.0.1".into(),
+        master_port: port,
+        job_token: "wrong-token".into(),
+        rendezvous: burn_dist::Rendezvous::OwnStore,
+    };
+    let e = burn_dist::Store::connect(&wrong, Duration::from_secs(5)).expect_err("wrong token");
+    assert!(e.to_string().contains("unknown job token"), "{e}");
     let out = wait(&mut job, Duration::from_secs(60));
     for (r, o) in out.iter().enumerate() {
         assert!(
@@ -330,11 +343,13 @@ fn garbage_and_wrong_token_on_the_store_port_are_dropped() {
         "rank 0 logs the drops: {}",
         out[0].stderr
     );
-    assert!(
-        out[0].stderr.contains("unknown job token"),
-        "{}",
-        out[0].stderr
-    );
+    for needle in ["unknown job token", "protocol version 1"] {
+        assert!(
+            out[0].stderr.contains(needle),
+            "rank 0 logs {needle:?}: {}",
+            out[0].stderr
+        );
+    }
 }
 
 #[test]
