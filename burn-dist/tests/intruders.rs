@@ -2,7 +2,7 @@
 //! connections sent to the store port and to a rank's ring port while the job sets up must leave
 //! the set-up and the collectives unharmed.
 
-use burn_dist::{CommunicatorExt, Host, ReduceOp, Rendezvous, Store, World};
+use burn_dist::{CommunicatorExt, ReduceOp, Rendezvous, Store, TcpRing, World};
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
@@ -56,7 +56,7 @@ fn garbage_http_and_idle_connections_leave_the_set_up_and_the_sums_unharmed() {
     let rank0 = std::thread::spawn(move || {
         let w = world(0, port);
         let store = Arc::new(Store::rendezvous(&w, DEADLINE)?);
-        let host = Host::new(&w, store, DEADLINE)?;
+        let host = TcpRing::new(&w, store, DEADLINE)?;
         let mut v = vec![1.0f32, 2.0, 3.0];
         host.all_reduce_slice(&mut v, ReduceOp::Sum)?;
         Ok::<_, burn_dist::DistError>(v)
@@ -77,7 +77,7 @@ fn garbage_http_and_idle_connections_leave_the_set_up_and_the_sums_unharmed() {
         .expect("rank 0's ring address");
     let ring0: SocketAddr = String::from_utf8_lossy(&ring0).parse().expect("an address");
     let _at_ring = harass(ring0);
-    let host = Host::new(&w1, store, DEADLINE).expect("rank 1 connects the ring");
+    let host = TcpRing::new(&w1, store, DEADLINE).expect("rank 1 connects the ring");
     let mut v = vec![10.0f32, 20.0, 30.0];
     host.all_reduce_slice(&mut v, ReduceOp::Sum)
         .expect("rank 1's sum");

@@ -198,12 +198,12 @@ fn replays_fixture(text: &str) {
 
 #[test]
 fn speaks_torchs_protocol_to_the_libuv_server() {
-    replays_fixture(include_str!("../tests/fixtures/tcpstore/libuv.txt"));
+    replays_fixture(include_str!("../../tests/fixtures/tcpstore/libuv.txt"));
 }
 
 #[test]
 fn speaks_torchs_protocol_to_the_classic_server() {
-    replays_fixture(include_str!("../tests/fixtures/tcpstore/classic.txt"));
+    replays_fixture(include_str!("../../tests/fixtures/tcpstore/classic.txt"));
 }
 
 /// Accepts `n` connections and runs `serve` on each, in order.

@@ -3,14 +3,14 @@
 //! It listens on `MASTER_PORT` at every address `MASTER_ADDR` resolves to on rank 0's host, and
 //! nowhere else (a name such as `localhost` often resolves to `::1` before `127.0.0.1`, and clients
 //! try the addresses in order). Every connection starts with a versioned handshake in which both
-//! sides prove they hold the job token ([`crate::wire`]), on its own thread and under a short
+//! sides prove they hold the job token ([`crate::rendezvous::wire`]), on its own thread and under a short
 //! deadline; at most a few dozen connections wait in it, and at most one per rank plus a few are
 //! served past it. Then the client sends length-prefixed requests (`set`, `set_if_absent`, `get`,
 //! `wait`, `add`) and reads one reply each. A connection that sends garbage, an unknown token or
 //! an oversized frame is dropped and logged; the job goes on.
 
 use crate::error::{DistError, Result};
-use crate::wire::{self, ConnKind, Cursor, Pending};
+use crate::rendezvous::wire::{self, ConnKind, Cursor, Pending};
 use socket2::{Domain, Socket, Type};
 use std::collections::HashMap;
 use std::io;
@@ -267,7 +267,7 @@ fn handle_conn(mut stream: TcpStream, token: &str, shared: &Shared, ticket: u64)
     let _ = stream.set_read_timeout(None);
     let _ = stream.set_write_timeout(Some(wire::HANDSHAKE_TIMEOUT));
     loop {
-        let req = match wire::read_frame(&mut stream, crate::store::MAX_STORE_MESSAGE) {
+        let req = match wire::read_frame(&mut stream, crate::rendezvous::store::MAX_STORE_MESSAGE) {
             Ok(r) => r,
             Err(e)
                 if e.kind() == io::ErrorKind::UnexpectedEof

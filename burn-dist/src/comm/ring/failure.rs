@@ -12,7 +12,9 @@
 //!   stopped or hung as a whole process; otherwise a rank that has not reached the collective the
 //!   others wait in is busy elsewhere.
 
-use crate::store::Store;
+use super::{RingError, is_timeout};
+use crate::error::DistError;
+use crate::rendezvous::store::Store;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -303,6 +305,129 @@ fn blame(first: &[Option<Entry>], second: &[Option<Entry>]) -> Option<(usize, St
             lagging.describe()
         ),
     ))
+}
+
+impl super::TcpRing {
+    /// Turns what this rank saw into the job's failure: the first record in the store wins, so
+    /// every rank names the same root cause (see [`crate::comm::ring::failure`]).
+    pub(super) fn explain(&self, op: &'static str, e: RingError) -> DistError {
+        let n = self.world_size;
+        let (peer, detail, timed_out) = match e {
+            RingError::Peer(q, e) => (q, e.to_string(), is_timeout(&e)),
+            RingError::Recv(e) => ((self.rank + n - 1) % n, e.to_string(), is_timeout(&e)),
+            RingError::Send(e) => ((self.rank + 1) % n, e.to_string(), is_timeout(&e)),
+            RingError::Mismatch { ours, theirs } => {
+                let peer = (self.rank + n - 1) % n;
+                if let Some(store) = &self.store {
+                    publish(
+                        store,
+                        &Record {
+                            kind: Kind::Mismatch,
+                            rank: peer,
+                            observer: self.rank,
+                            detail: format!(
+                                "rank {} runs {ours}, rank {peer} runs {theirs}",
+                                self.rank
+                            ),
+                        },
+                    );
+                }
+                return DistError::CollectiveMismatch {
+                    rank: self.rank,
+                    peer,
+                    ours,
+                    theirs,
+                };
+            }
+        };
+        let Some(store) = &self.store else {
+            return DistError::PeerFailed {
+                op,
+                rank: self.rank,
+                peer,
+                detail,
+            };
+        };
+        // An echo of a failure another rank already recorded: name its root cause.
+        if let Some(first) = recorded(store)
+            && first.observer != self.rank
+        {
+            return self.error_for(op, first, &detail);
+        }
+        let ours = if timed_out {
+            // Which rank holds the job up? The progress board knows; the neighbour we waited on
+            // may itself be waiting.
+            diagnose(store, self.rank, n).unwrap_or(Record {
+                kind: Kind::Unresponsive,
+                rank: peer,
+                observer: self.rank,
+                detail: format!(
+                    "did not answer within {}s (it may be waiting on another rank)",
+                    self.timeout.as_secs_f64()
+                ),
+            })
+        } else if store.try_get("burn-dist/rendezvous-probe").is_err()
+            && peer != 0
+            && self.rank != 0
+        {
+            // The store is gone: its server, rank 0, is down.
+            Record {
+                kind: Kind::Died,
+                rank: 0,
+                observer: self.rank,
+                detail: format!(
+                    "is unreachable (its rendezvous store is gone); this rank saw: {detail}"
+                ),
+            }
+        } else {
+            Record {
+                kind: Kind::Died,
+                rank: peer,
+                observer: self.rank,
+                detail: format!("closed the connection or died ({detail})"),
+            }
+        };
+        let standing = publish(store, &ours).unwrap_or(ours);
+        self.error_for(op, standing, &detail)
+    }
+
+    /// The error this rank reports for the job's failure `record`.
+    fn error_for(&self, op: &'static str, record: Record, seen: &str) -> DistError {
+        let echo = if record.observer == self.rank {
+            String::new()
+        } else {
+            format!(
+                " (found by rank {}; this rank saw: {seen})",
+                record.observer
+            )
+        };
+        match record.kind {
+            Kind::Mismatch => DistError::MismatchReported {
+                rank: self.rank,
+                observer: record.observer,
+                detail: record.detail,
+            },
+            Kind::Unresponsive => DistError::Unresponsive {
+                op,
+                rank: self.rank,
+                peer: record.rank,
+                detail: format!("{}{echo}", record.detail),
+                deadline: self.timeout,
+            },
+            Kind::Died => DistError::PeerFailed {
+                op,
+                rank: self.rank,
+                peer: record.rank,
+                detail: format!("{}{echo}", record.detail),
+            },
+            Kind::Local => DistError::PeerFailed {
+                op,
+                rank: self.rank,
+                peer: record.rank,
+                detail: format!("failed by itself: {}{echo}", record.detail),
+            },
+        }
+    }
 }
 
 #[cfg(test)]

@@ -74,7 +74,7 @@ impl TorchStore {
             rank,
             host: host.to_string(),
             port,
-            addr: crate::store::endpoint(host, port),
+            addr: crate::rendezvous::store::endpoint(host, port),
             stream: None,
             timeout,
             nonce,
@@ -127,7 +127,7 @@ impl TorchStore {
     }
 
     fn try_open(&self) -> io::Result<TcpStream> {
-        let mut s = crate::store::connect_any(&self.host, self.port, self.timeout)?;
+        let mut s = crate::rendezvous::store::connect_any(&self.host, self.port, self.timeout)?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(self.timeout))?;
         s.set_write_timeout(Some(self.timeout))?;
