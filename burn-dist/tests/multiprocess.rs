@@ -513,3 +513,47 @@ fn parameters_without_a_gradient_contribute_zeros_or_get_none() {
         );
     }
 }
+
+/// Rank 0 serves the store and waits in the rendezvous; garbage, an HTTP request and more idle
+/// connections than the store keeps in their handshake arrive first, then rank 1 starts. The job
+/// must set up and sum as usual (the ring port's turn is in `tests/intruders.rs`).
+#[test]
+fn strangers_on_the_store_port_during_the_rendezvous_leave_the_job_unharmed() {
+    let port = free_port();
+    let args = |_| strings(&["loop", "20", "1000"]);
+    let mut rank0 = spawn(2, &[0], port, 20.0, &args);
+    let at = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let start = Instant::now();
+    while TcpStream::connect_timeout(&at, Duration::from_secs(1)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "rank 0 never served the store: {}",
+            read(&rank0.procs[0].err)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut held = Vec::new();
+    for payload in [
+        &b"\x00\x00\x00\x01\xff garbage"[..],
+        &b"GET / HTTP/1.1\r\nHost: burn-dist\r\n\r\n"[..],
+    ] {
+        let mut s = TcpStream::connect(at).expect("connect");
+        s.write_all(payload).expect("write");
+        held.push(s);
+    }
+    for _ in 0..100 {
+        held.push(TcpStream::connect(at).expect("connect"));
+    }
+    let mut rank1 = spawn(2, &[1], port, 20.0, &args);
+    let mut out = wait(&mut rank0, Duration::from_secs(60));
+    out.extend(wait(&mut rank1, Duration::from_secs(60)));
+    for (r, o) in out.iter().enumerate() {
+        assert!(
+            o.status.success() && o.stdout.contains("LOOP OK"),
+            "rank {r}: {}\n{}",
+            o.stdout,
+            o.stderr
+        );
+    }
+    drop(held);
+}

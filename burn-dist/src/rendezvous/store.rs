@@ -84,6 +84,9 @@ enum Client {
 struct OwnConn {
     world: World,
     stream: Option<TcpStream>,
+    /// The local address of the first connection: the interface that reaches the store, known
+    /// even while a dropped connection waits for the next request to reopen it.
+    local_ip: Option<IpAddr>,
 }
 
 /// A client of the job's store (and, on rank 0 of a job without torchrun, its server).
@@ -148,6 +151,21 @@ impl Store {
                     rank: world.rank,
                     detail,
                 })?;
+                if world.rank == 0
+                    && world.local_world_size < world.world_size
+                    && ips.iter().all(IpAddr::is_loopback)
+                {
+                    // Several hosts, yet the store is reachable from this one only (a host name
+                    // that /etc/hosts maps to 127.0.1.1, say). Not refused: several "nodes" on one
+                    // machine is a legitimate test set-up.
+                    eprintln!(
+                        "[burn-dist rank 0] warning: MASTER_ADDR {} resolves to loopback only \
+                         ({ips:?}) but the job has {} ranks and {} on this host: ranks on other \
+                         hosts cannot reach the store; set MASTER_ADDR to an address of this host \
+                         that they can reach",
+                        world.master_addr, world.world_size, world.local_world_size
+                    );
+                }
                 let server = if world.rank == 0 {
                     Some(Server::start(
                         &addrs,
@@ -158,10 +176,12 @@ impl Store {
                 } else {
                     None
                 };
+                let stream = Self::connect_own(world, &addr, timeout)?;
                 Client::Own {
                     conn: Mutex::new(OwnConn {
                         world: world.clone(),
-                        stream: Some(Self::connect_own(world, &addr, timeout)?),
+                        local_ip: stream.local_addr().ok().map(|a| a.ip()),
+                        stream: Some(stream),
                     }),
                     _server: server,
                 }
@@ -256,11 +276,7 @@ impl Store {
     /// Local address of the connection to the store: the interface peers can reach us on.
     pub(crate) fn local_ip(&self) -> Option<std::net::IpAddr> {
         match &self.client {
-            Client::Own { conn, .. } => lock(conn)
-                .stream
-                .as_ref()
-                .and_then(|s| s.local_addr().ok())
-                .map(|a| a.ip()),
+            Client::Own { conn, .. } => lock(conn).local_ip,
             Client::Torch { client, .. } => lock(client).local_ip(),
         }
     }

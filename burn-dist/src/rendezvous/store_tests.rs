@@ -139,6 +139,8 @@ fn a_request_that_timed_out_drops_its_connection() {
     let s1 = Store::connect(&world(1, 2, port), Duration::from_millis(300)).expect("connect");
     let e = s1.try_get("k").expect_err("no reply in time");
     assert!(e.to_string().contains("reading a reply"), "{e}");
+    // The interface that reaches the store is still known while no connection is open.
+    assert!(s1.local_ip().is_some_and(|ip| ip.is_loopback()));
     // The reconnect's handshake waits until the late bytes are on the old stream.
     let got = std::thread::scope(|sc| {
         let h = sc.spawn(|| s1.try_get("k"));
