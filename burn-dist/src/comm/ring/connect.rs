@@ -77,7 +77,10 @@ impl TcpRing {
         })?;
         // Connect to next in a thread while accepting prev here (both must progress at once).
         let token = world.job_token.clone();
-        let connector = std::thread::spawn(move || -> Result<TcpStream, HandshakeError> {
+        // The connector's outcome comes over a channel, so that the accept loop can stop at once
+        // when the next rank's address turns out not to be this job's.
+        let (next_tx, next_rx) = mpsc::channel();
+        let connector = move || -> Result<TcpStream, HandshakeError> {
             let start = Instant::now();
             loop {
                 let attempt = TcpStream::connect_timeout(&sa, Duration::from_secs(5))
@@ -102,36 +105,58 @@ impl TcpRing {
                     Err(_) => std::thread::sleep(Duration::from_millis(50)),
                 }
             }
+        };
+        std::thread::spawn(move || {
+            let _ = next_tx.send(connector());
         });
-        let prev = Self::accept_prev(&listener, rank, prev_rank, &world.job_token, timeout)?;
-        let next = connector
-            .join()
-            .map_err(|_| {
-                io_err(
-                    rank,
-                    "connecting to the next rank (thread panicked)",
-                    &next_addr,
-                    io::Error::other("panic"),
-                )
-            })?
-            .map_err(|e| match e {
-                HandshakeError::Io(e) => io_err(
-                    rank,
-                    &format!("connecting to rank {next_rank}"),
-                    &next_addr,
-                    e,
-                ),
-                HandshakeError::Rejected(reason) => DistError::Unproven {
-                    addr: next_addr.clone(),
-                    rank,
-                    reason: format!("rank {next_rank} refused our handshake ({reason})"),
-                },
-                HandshakeError::Unproven(reason) => DistError::Unproven {
-                    addr: next_addr.clone(),
-                    rank,
-                    reason: format!("the address rank {next_rank} published: {reason}"),
-                },
-            })?;
+        let next_failed = |e: HandshakeError| match e {
+            HandshakeError::Io(e) => io_err(
+                rank,
+                &format!("connecting to rank {next_rank}"),
+                &next_addr,
+                e,
+            ),
+            HandshakeError::Rejected(reason) => DistError::Unproven {
+                addr: next_addr.clone(),
+                rank,
+                reason: format!("rank {next_rank} refused our handshake ({reason})"),
+            },
+            HandshakeError::Unproven(reason) => DistError::Unproven {
+                addr: next_addr.clone(),
+                rank,
+                reason: format!("the address rank {next_rank} published: {reason}"),
+            },
+        };
+        let mut next = None;
+        let prev = Self::accept_prev(
+            &listener,
+            rank,
+            prev_rank,
+            &world.job_token,
+            timeout,
+            || {
+                match next_rx.try_recv() {
+                    Ok(Ok(s)) => next = Some(s),
+                    Ok(Err(e)) => return Err(next_failed(e)),
+                    Err(_) => {}
+                }
+                Ok(())
+            },
+        )?;
+        let next = match next {
+            Some(s) => s,
+            None => next_rx
+                .recv()
+                .map_err(|_| {
+                    io_err(
+                        rank,
+                        "connecting to the next rank (thread panicked)",
+                        &next_addr,
+                        io::Error::other("panic"),
+                    )
+                })?
+                .map_err(next_failed)?,
+        };
         let activity: Arc<failure::Activity> = Arc::default();
         let publisher = failure::Publisher::start(Arc::clone(&store), rank, Arc::clone(&activity));
         let host = Self {
@@ -160,13 +185,15 @@ impl TcpRing {
     /// Accepts connections on the ring port until rank `prev_rank` completes the handshake. Each
     /// handshake runs on its own thread under [`wire::HANDSHAKE_TIMEOUT`], at most
     /// [`MAX_PENDING_HANDSHAKES`] at once (a new one closes the oldest), so idle or garbage
-    /// connections cannot hold up the ring.
+    /// connections cannot hold up the ring. `connecting` is polled on the way and stops the loop
+    /// with its error (the connection to the next rank failed for good).
     fn accept_prev(
         listener: &TcpListener,
         rank: usize,
         prev_rank: usize,
         token: &str,
         timeout: Duration,
+        mut connecting: impl FnMut() -> Result<()>,
     ) -> Result<TcpStream> {
         let addr = listener
             .local_addr()
@@ -216,6 +243,7 @@ impl TcpRing {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(io_err(rank, "accepting the previous rank", &addr, e)),
             }
+            connecting()?;
             while let Ok((s, peer, checked)) = done_rx.try_recv() {
                 match checked {
                     Ok(r) if r == prev_rank => {

@@ -152,3 +152,56 @@ fn a_trickling_rank_fails_the_collective_at_its_deadline() {
     drop(store);
     drop(trickle);
 }
+
+/// Rank 0 is a real `TcpRing`; the test plays rank 1 without the token. A client with the wrong
+/// token is refused by rank 0's ring port, and rank 0 refuses a next rank that cannot prove the
+/// token, at once rather than at the deadline.
+#[test]
+fn the_ring_refuses_the_wrong_token_both_ways() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port");
+    let deadline = Duration::from_secs(30);
+    let rank0 = std::thread::spawn(move || {
+        let w = world(0, 2, port);
+        let store = Arc::new(Store::rendezvous(&w, deadline).expect("store"));
+        TcpRing::new(&w, store, deadline)
+    });
+    let w1 = world(1, 2, port);
+    let store = Store::rendezvous(&w1, deadline).expect("store");
+    // Rank 0 accepts once it knows where rank 1 listens: here, a server without the token, which
+    // answers rank 0 only after the wrong-token client below was refused.
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let me = listener.local_addr().expect("addr");
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let fake = std::thread::spawn(move || {
+        let (mut from_rank0, _) = listener.accept().expect("rank 0 connects");
+        let _ = go_rx.recv();
+        wire::pretend_server(&mut from_rank0, |_| vec![0; 32]).expect("pretend");
+    });
+    store
+        .set("burn-dist/host/addr/1", me.to_string().as_bytes())
+        .expect("publish");
+    let theirs = store
+        .get("burn-dist/host/addr/0", deadline)
+        .expect("rank 0's address");
+    let theirs: SocketAddr = String::from_utf8_lossy(&theirs).parse().expect("address");
+    let mut to_rank0 = TcpStream::connect(theirs).expect("connect");
+    let refused = wire::client_handshake(&mut to_rank0, ConnKind::Ring, 1, "a guess");
+    drop(go_tx);
+    match refused {
+        Err(HandshakeError::Rejected(reason)) => {
+            assert!(reason.contains("unknown job token"), "{reason}");
+        }
+        other => panic!("rank 0 must refuse a wrong token, got {other:?}"),
+    }
+    fake.join().expect("fake rank 1");
+    match rank0.join().expect("rank 0") {
+        Err(e @ DistError::Unproven { .. }) => {
+            assert!(e.to_string().contains("could not prove"), "{e}");
+        }
+        other => panic!("rank 0 must refuse a next rank without the token, got {other:?}"),
+    }
+    drop(store);
+}
