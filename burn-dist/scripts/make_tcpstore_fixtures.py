@@ -3,7 +3,7 @@
 
 A real `torch.distributed.TCPStore` client talks to a real TCPStore server through a recording
 proxy; every operation's bytes, in each direction, are written to a fixture file. The Rust test
-(`burn-dist/src/torch_store.rs`) replays the server's side from the fixture on a real socket and
+(`burn-dist/src/rendezvous/torch_store_tests.rs`) replays the server's side from the fixture on a real socket and
 checks that burn-dist's client sends exactly the bytes torch's client sent.
 
 Run once per torch upgrade (the tests never need Python):
