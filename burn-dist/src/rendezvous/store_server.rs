@@ -28,7 +28,8 @@ pub(crate) const OP_SET_IF_ABSENT: u8 = 5;
 pub(crate) const REPLY_OK: u8 = 0;
 pub(crate) const REPLY_MISSING: u8 = 1;
 
-/// Connections in their handshake at once; a new one beyond that closes the oldest.
+/// Connections in their handshake at once (or one per rank, when more): a new one beyond that
+/// closes the oldest. One per rank lets a whole large job connect at the same instant.
 const MAX_PENDING: usize = 64;
 /// Connections past the handshake beyond one per rank: reconnects after a timeout, launchers.
 const SPARE_CONNECTIONS: usize = 64;
@@ -67,13 +68,13 @@ impl Drop for Slot<'_> {
 }
 
 impl Shared {
-    fn new(max_live: usize) -> Self {
+    fn new(world_size: usize) -> Self {
         Self {
             map: Mutex::default(),
             changed: Condvar::new(),
-            pending: Pending::new(MAX_PENDING),
+            pending: Pending::new(MAX_PENDING.max(world_size)),
             live: AtomicUsize::new(0),
-            max_live,
+            max_live: world_size.saturating_add(SPARE_CONNECTIONS),
         }
     }
 
@@ -169,7 +170,7 @@ impl Server {
             });
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let shared = Arc::new(Shared::new(world_size.saturating_add(SPARE_CONNECTIONS)));
+        let shared = Arc::new(Shared::new(world_size));
         let mut bound = Vec::with_capacity(listeners.len());
         for (listener, local) in listeners {
             let (stop, shared, token) = (Arc::clone(&stop), Arc::clone(&shared), token.to_string());
@@ -214,11 +215,11 @@ fn serve(listener: TcpListener, token: &str, stop: &AtomicBool, shared: &Arc<Sha
         }
         let Ok(stream) = conn else { continue };
         // The handshake runs on the connection's own thread, so a slow peer never holds up the
-        // accept loop; at most MAX_PENDING of those threads wait on a peer.
+        // accept loop; the number of those threads waiting on a peer is capped.
         let (ticket, evicted) = shared.pending.admit(&stream);
         if let Some(old) = evicted {
             log(&format!(
-                "closed the connection from {old}: {MAX_PENDING} newer ones are in their handshake"
+                "closed the connection from {old}: too many newer ones are in their handshake"
             ));
         }
         let conn_shared = Arc::clone(shared);
