@@ -421,4 +421,20 @@ mod tests {
         TcpStream::connect_timeout(&server.addrs()[0], Duration::from_secs(2))
             .expect("listening on 127.0.0.1");
     }
+
+    #[test]
+    fn set_if_absent_keeps_the_first_value_and_answers_it() {
+        let shared = Shared::new(2);
+        let request = |value: &[u8]| {
+            let mut req = vec![OP_SET_IF_ABSENT];
+            wire::put_bytes(&mut req, b"failure");
+            req.extend_from_slice(value);
+            handle_request(&req, &shared).expect("well-formed")
+        };
+        assert_eq!(request(b"first"), b"\x00first");
+        assert_eq!(request(b"second"), b"\x00first");
+        let mut get = vec![OP_GET];
+        wire::put_bytes(&mut get, b"failure");
+        assert_eq!(handle_request(&get, &shared).expect("get"), b"\x00first");
+    }
 }
