@@ -3,7 +3,7 @@
 
 A real `torch.distributed.TCPStore` client talks to a real TCPStore server through a recording
 proxy; every operation's bytes, in each direction, are written to a fixture file. The Rust test
-(`burn-dist/src/torch_store.rs`) replays the server's side from the fixture on a real socket and
+(`burn-dist/src/rendezvous/torch_store_tests.rs`) replays the server's side from the fixture on a real socket and
 checks that burn-dist's client sends exactly the bytes torch's client sent.
 
 Run once per torch upgrade (the tests never need Python):
@@ -17,7 +17,9 @@ Fixture format, one item per line:
     # comment
     == <operation>        a new operation, which the test performs too: `connect`,
                           `set KEY VALUE`, `get KEY VALUE`, `add KEY DELTA RESULT`,
-                          `check KEY,.. ready|not-ready`, `wait KEY,.. MILLISECONDS done|timeout`
+                          `check KEY,.. ready|not-ready`,
+                          `set-if-absent KEY VALUE STANDING` (torch's `compare_set` with an
+                          empty expected value; STANDING is the value it answers), `wait KEY,.. MILLISECONDS done|timeout`
                           (keys after the prefix below, values in hex, `-` for empty)
     > <hex>               bytes the client sent
     < <hex>               bytes the server answered
@@ -129,6 +131,14 @@ def record(use_libuv):
     section("check addr/0 ready")
     assert not client.check([k("addr/0"), k("addr/1")])
     section("check addr/0,addr/1 not-ready")
+
+    # compare_set with an empty expected value: set-if-absent, answered with the value that stands.
+    assert client.compare_set(k("failure"), b"", b"first") == b"first"
+    section(f"set-if-absent failure {b'first'.hex()} {b'first'.hex()}")
+    assert client.compare_set(k("failure"), b"", b"second") == b"first"
+    section(f"set-if-absent failure {b'second'.hex()} {b'first'.hex()}")
+    assert client.get(k("failure")) == b"first"
+    section(f"get failure {b'first'.hex()}")
 
     client.wait([k("addr/0"), k("bin")], datetime.timedelta(seconds=5))
     section("wait addr/0,bin 5000 done")

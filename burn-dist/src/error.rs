@@ -115,6 +115,28 @@ pub enum DistError {
         /// The reason.
         reason: String,
     },
+    /// A server (the store, or the next rank's ring port) could not prove that it holds the job
+    /// token, or does not speak burn-dist's handshake.
+    #[error(
+        "rank {rank} refused {addr}: {reason}; is another job or program listening there (a \
+         different BURN_DIST_JOB_TOKEN or --rdzv-id, or a stale MASTER_PORT)?"
+    )]
+    Unproven {
+        /// The address we connected to.
+        addr: String,
+        /// Our rank.
+        rank: usize,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The job would be reachable off loopback with an empty token.
+    #[error("rank {rank}: {detail}")]
+    NoJobToken {
+        /// Our rank.
+        rank: usize,
+        /// Which address, and how to set a token.
+        detail: String,
+    },
     /// A peer rank died, hung or closed its connection during a collective.
     #[error(
         "{op} failed on rank {rank}: peer rank {peer} {detail}; check rank {peer}'s output \

@@ -8,8 +8,8 @@
 //!   the workers; in a worker (or a single-process run) it returns the [`World`].
 //!   [`World::from_env`] reads torchrun's, SLURM's and OpenMPI's variables too.
 //! - [`init`]: rendezvous through the job's [`Store`] (torchrun's own store under torchrun, else
-//!   one served by rank 0) and connect a [`Communicator`] ([`Host`]:
-//!   TCP ring, cross-memory reads between processes of one machine; [`Nccl`] with feature `cuda`).
+//!   one served by rank 0) and connect a [`Communicator`] ([`TcpRing`]:
+//!   TCP ring, shared memory between processes of one machine; [`Nccl`] with feature `cuda`).
 //!   A world of one opens no port and every collective is a no-op, through the same code path.
 //! - [`DistributedOptimizer`]: wraps a Burn optimizer; averages gradients across ranks in
 //!   25 MiB buckets ([`GradientSync`]), in module visit order (never by `ParamId`).
@@ -21,7 +21,7 @@
 //! # fn example() -> Result<(), burn_dist::DistError> {
 //! use burn_dist::{CommBackend, DistOptions, DistributedConfig, LaunchConfig};
 //! let world = burn_dist::launch_or_run(&LaunchConfig { nproc_per_node: Some(2), ..Default::default() })?;
-//! let dist = burn_dist::init(&world, &DistOptions { backend: CommBackend::Host, ..Default::default() })?;
+//! let dist = burn_dist::init(&world, &DistOptions { backend: CommBackend::Ring, ..Default::default() })?;
 //! // model = burn_dist::broadcast_parameters(dist.comm.as_ref(), model, 0)?;
 //! // let mut opt = burn_dist::DistributedOptimizer::new(SgdConfig::new().init(), dist.comm.clone(),
 //! //     DistributedConfig::default());
@@ -36,47 +36,31 @@
 #![deny(missing_docs)]
 
 mod comm;
-#[cfg(feature = "cuda")]
-mod cuda_tensor;
-mod device_call;
 mod error;
 mod error_file;
-mod failure;
-mod host;
-mod launcher;
-#[cfg(feature = "cuda")]
-mod nccl;
-#[cfg(not(feature = "cuda"))]
-#[path = "nccl_stub.rs"]
-mod nccl;
-mod optimizer;
-mod setup;
-mod shm;
-mod slurm;
-mod store;
-mod store_server;
+mod rendezvous;
 mod sync;
-mod tensor;
-mod torch_store;
-mod wire;
-mod world;
 
+pub use comm::nccl::{Collective, DeviceCall, Nccl};
+pub use comm::ring::{ADDR_ENV, SHM_ENV, TcpRing};
 pub use comm::{Communicator, CommunicatorExt, DEFAULT_TIMEOUT, DType, Element, HostBuf, ReduceOp};
 pub use error::{DistError, Result};
 pub use error_file::{ERROR_FILE_ENV, write_error_file};
-pub use host::{ADDR_ENV, Host, SHM_ENV};
-pub use launcher::{
+pub use rendezvous::launcher::{
     LaunchConfig, is_worker_env, launch, launch_or_run, should_draw_progress, visible_cuda_devices,
 };
-pub use nccl::{Collective, DeviceCall, Nccl};
-pub use optimizer::{
+pub use rendezvous::setup::{
+    BACKEND_ENV, CommBackend, Dist, DistOptions, TIMEOUT_ENV, init, init_from_env,
+};
+pub use rendezvous::store::{MAX_STORE_MESSAGE, Store};
+pub use rendezvous::world::{DEFAULT_MASTER_PORT, JOB_TOKEN_ENV, QUIET_ENV, Rendezvous, World};
+pub use sync::gradient::{
+    DEFAULT_BUCKET_BYTES, Fingerprint, GradientSync, SyncConfig, verify_same_model,
+};
+pub use sync::optimizer::{
     DistributedConfig, DistributedOptimizer, average_buffers, broadcast_optimizer_state,
     broadcast_parameters, reduce_metrics,
 };
-pub use setup::{BACKEND_ENV, CommBackend, Dist, DistOptions, TIMEOUT_ENV, init, init_from_env};
-pub use store::{MAX_STORE_MESSAGE, Store};
-pub use sync::{DEFAULT_BUCKET_BYTES, Fingerprint, GradientSync, SyncConfig, verify_same_model};
-pub use tensor::{CollectiveBackend, Compression, host_all_reduce, host_broadcast};
+pub use sync::tensor::{CollectiveBackend, Compression, host_all_reduce, host_broadcast};
 #[cfg(feature = "cuda")]
-pub use tensor::{CudaFused, CudaRaw};
-pub use world::{DEFAULT_MASTER_PORT, JOB_TOKEN_ENV, QUIET_ENV, Rendezvous, World};
+pub use sync::tensor::{CudaFused, CudaRaw};

@@ -9,11 +9,14 @@ fn lookup(value: &'static str) -> impl Fn(&str) -> Option<String> {
 
 #[test]
 fn backend_env_selects_and_forces_the_backend() {
-    let nccl = DistOptions::from_lookup(CommBackend::Host, lookup("nccl")).expect("nccl");
+    let nccl = DistOptions::from_lookup(CommBackend::Ring, lookup("nccl")).expect("nccl");
     assert_eq!(nccl.backend, CommBackend::Nccl);
     assert!(nccl.force_backend);
+    let ring = DistOptions::from_lookup(CommBackend::Nccl, lookup("ring")).expect("ring");
+    assert_eq!(ring.backend, CommBackend::Ring);
+    // The ring's old name still selects it.
     let host = DistOptions::from_lookup(CommBackend::Nccl, lookup("host")).expect("host");
-    assert_eq!(host.backend, CommBackend::Host);
+    assert_eq!(host.backend, CommBackend::Ring);
     let unset = DistOptions::from_lookup(CommBackend::Nccl, |_| None).expect("unset");
     assert_eq!(unset.backend, CommBackend::Nccl);
     assert!(
@@ -24,7 +27,7 @@ fn backend_env_selects_and_forces_the_backend() {
 
 #[test]
 fn unknown_backend_is_an_error_naming_the_variable() {
-    match DistOptions::from_lookup(CommBackend::Host, lookup("gloo")) {
+    match DistOptions::from_lookup(CommBackend::Ring, lookup("gloo")) {
         Err(DistError::InvalidEnv { var, value, .. }) => {
             assert_eq!(var, BACKEND_ENV);
             assert_eq!(value, "gloo");

@@ -306,16 +306,29 @@ fn garbage_and_wrong_token_on_the_store_port_are_dropped() {
     // An oversized frame.
     let mut o = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     let _ = o.write_all(&u32::MAX.to_le_bytes());
-    // A well-formed handshake with the wrong token.
-    let mut w = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    // A handshake of an older protocol version.
+    let mut v1 = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     let mut hs = b"BDST".to_vec();
     hs.extend_from_slice(&1u16.to_le_bytes());
     hs.push(1);
     hs.extend_from_slice(&1u32.to_le_bytes());
-    hs.extend_from_slice(b"wrong-token");
+    hs.extend_from_slice(b"test-token");
     let mut frame = (hs.len() as u32).to_le_bytes().to_vec();
     frame.extend_from_slice(&hs);
-    let _ = w.write_all(&frame);
+    let _ = v1.write_all(&frame);
+    // A client of this protocol with the wrong token.
+    let wrong = burn_dist::World {
+        rank: 1,
+        world_size: 2,
+        local_rank: 1,
+        local_world_size: 2,
+        master_addr: "127.0.0.1".into(),
+        master_port: port,
+        job_token: "wrong-token".into(),
+        rendezvous: burn_dist::Rendezvous::OwnStore,
+    };
+    let e = burn_dist::Store::connect(&wrong, Duration::from_secs(5)).expect_err("wrong token");
+    assert!(e.to_string().contains("unknown job token"), "{e}");
     let out = wait(&mut job, Duration::from_secs(60));
     for (r, o) in out.iter().enumerate() {
         assert!(
@@ -330,11 +343,13 @@ fn garbage_and_wrong_token_on_the_store_port_are_dropped() {
         "rank 0 logs the drops: {}",
         out[0].stderr
     );
-    assert!(
-        out[0].stderr.contains("unknown job token"),
-        "{}",
-        out[0].stderr
-    );
+    for needle in ["unknown job token", "protocol version 1"] {
+        assert!(
+            out[0].stderr.contains(needle),
+            "rank 0 logs {needle:?}: {}",
+            out[0].stderr
+        );
+    }
 }
 
 #[test]
@@ -497,4 +512,48 @@ fn parameters_without_a_gradient_contribute_zeros_or_get_none() {
             o.stdout
         );
     }
+}
+
+/// Rank 0 serves the store and waits in the rendezvous; garbage, an HTTP request and more idle
+/// connections than the store keeps in their handshake arrive first, then rank 1 starts. The job
+/// must set up and sum as usual (the ring port's turn is in `tests/intruders.rs`).
+#[test]
+fn strangers_on_the_store_port_during_the_rendezvous_leave_the_job_unharmed() {
+    let port = free_port();
+    let args = |_| strings(&["loop", "20", "1000"]);
+    let mut rank0 = spawn(2, &[0], port, 20.0, &args);
+    let at = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let start = Instant::now();
+    while TcpStream::connect_timeout(&at, Duration::from_secs(1)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "rank 0 never served the store: {}",
+            read(&rank0.procs[0].err)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut held = Vec::new();
+    for payload in [
+        &b"\x00\x00\x00\x01\xff garbage"[..],
+        &b"GET / HTTP/1.1\r\nHost: burn-dist\r\n\r\n"[..],
+    ] {
+        let mut s = TcpStream::connect(at).expect("connect");
+        s.write_all(payload).expect("write");
+        held.push(s);
+    }
+    for _ in 0..100 {
+        held.push(TcpStream::connect(at).expect("connect"));
+    }
+    let mut rank1 = spawn(2, &[1], port, 20.0, &args);
+    let mut out = wait(&mut rank0, Duration::from_secs(60));
+    out.extend(wait(&mut rank1, Duration::from_secs(60)));
+    for (r, o) in out.iter().enumerate() {
+        assert!(
+            o.status.success() && o.stdout.contains("LOOP OK"),
+            "rank {r}: {}\n{}",
+            o.stdout,
+            o.stderr
+        );
+    }
+    drop(held);
 }

@@ -240,7 +240,7 @@ fn try_main<C: ClassifierConfig>(
         crate::cuda_setup::keep_autotune_results();
         CommBackend::Nccl
     } else {
-        CommBackend::Host
+        CommBackend::Ring
     };
     let dist = burn_dist::init(&world, &DistOptions::from_env(backend)?)?;
     if dist.is_main() && !use_cuda {

@@ -61,7 +61,7 @@ fn pattern(rank: usize, i: usize) -> f32 {
 fn run() -> Result<()> {
     let args = Args::parse();
     let backend = match args.backend.as_str() {
-        "host" => CommBackend::Host,
+        "host" => CommBackend::Ring,
         "nccl" => CommBackend::Nccl,
         other => bail!("unknown --backend {other:?}: expected host or nccl"),
     };

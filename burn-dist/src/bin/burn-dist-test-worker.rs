@@ -19,7 +19,7 @@ type TB = burn::backend::Autodiff<burn::backend::Flex>;
 
 fn options() -> DistOptions {
     DistOptions {
-        backend: CommBackend::Host,
+        backend: CommBackend::Ring,
         ..DistOptions::default()
     }
 }

@@ -2,7 +2,7 @@
 //! environment that torchrun, SLURM's `srun`, OpenMPI's `mpirun` or our own launcher set.
 
 use crate::error::{DistError, Result};
-use crate::slurm;
+use crate::rendezvous::slurm;
 
 /// Default rendezvous port, as torchrun.
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
@@ -246,7 +246,7 @@ impl World {
 
     /// `host:port` of the rendezvous store.
     pub fn master_endpoint(&self) -> String {
-        crate::store::endpoint(&self.master_addr, self.master_port)
+        crate::rendezvous::store::endpoint(&self.master_addr, self.master_port)
     }
 
     /// Whether this process is rank 0.

@@ -3,8 +3,8 @@
 
 use crate::comm::{Communicator, CommunicatorExt, HostBuf, ReduceOp};
 use crate::error::{DistError, Result};
-use crate::sync::{GradientSync, SyncConfig};
-use crate::tensor::CollectiveBackend;
+use crate::sync::gradient::{GradientSync, SyncConfig};
+use crate::sync::tensor::CollectiveBackend;
 use burn::module::{AutodiffModule, Module, ModuleMapper, Param, ParamId};
 use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
@@ -214,7 +214,7 @@ impl<B: Backend + CollectiveBackend> ModuleMapper<B> for BroadcastMapper<'_> {
                 self.comm,
                 flat,
                 ReduceOp::Avg,
-                crate::tensor::Compression::None,
+                crate::sync::tensor::Compression::None,
             )
         } else {
             B::broadcast_float(self.comm, flat, self.root)
@@ -262,7 +262,7 @@ where
     if comm.skips_collectives() {
         return Ok(module);
     }
-    crate::sync::verify_same_model::<B, M>(comm, &module)?;
+    crate::sync::gradient::verify_same_model::<B, M>(comm, &module)?;
     sync_running_states::<B, M>(&module);
     let mut mapper = BroadcastMapper {
         comm,

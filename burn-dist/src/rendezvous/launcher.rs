@@ -3,7 +3,7 @@
 //! soon as one worker fails.
 
 use crate::error::{DistError, Result};
-use crate::world::{DEFAULT_MASTER_PORT, JOB_TOKEN_ENV, QUIET_ENV, World};
+use crate::rendezvous::world::{DEFAULT_MASTER_PORT, JOB_TOKEN_ENV, QUIET_ENV, World};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::os::unix::process::ExitStatusExt;
@@ -89,7 +89,7 @@ fn job_token(config: &LaunchConfig, env_token: Option<String>) -> Result<String>
 pub fn visible_cuda_devices() -> usize {
     #[cfg(feature = "cuda")]
     {
-        crate::nccl::cuda_device_count()
+        crate::comm::nccl::cuda_device_count()
     }
     #[cfg(not(feature = "cuda"))]
     {

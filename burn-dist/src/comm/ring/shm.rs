@@ -259,7 +259,7 @@ impl Segments {
             let slot = (self.chunks % 2) as usize;
             self.chunks += 1;
             let len = chunk.len();
-            let part = |q: usize| crate::host::segment(len, n, q);
+            let part = |q: usize| crate::comm::ring::collectives::segment(len, n, q);
             // 1. Stage the parts the peers reduce.
             {
                 let staged = self.own_slot::<T>(slot, len);

@@ -6,10 +6,10 @@
 //! `CubeTensor` through the fusion client (which first runs the fused work queued on it), and
 //! the result is registered back as a fusion tensor.
 
+use crate::comm::device_call::{Collective, DeviceCall};
 use crate::comm::{Communicator, ReduceOp};
-use crate::device_call::{Collective, DeviceCall};
 use crate::error::{DistError, Result};
-use crate::tensor::{CollectiveBackend, Compression, host_all_reduce, host_broadcast};
+use crate::sync::tensor::{CollectiveBackend, Compression, host_all_reduce, host_broadcast};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, FloatDType, Tensor, TensorPrimitive};
 use burn_cubecl::CubeBackend;

@@ -136,6 +136,12 @@ fn perform(store: &mut TorchStore, op: &str) -> std::result::Result<(), String> 
                 .then_some(())
                 .ok_or_else(|| format!("{op}: got {got}"))
         }
+        "set-if-absent" => {
+            let got = store.set_if_absent(&key(1), &value(f[2])).map_err(fail)?;
+            (got == value(f[3]))
+                .then_some(())
+                .ok_or_else(|| format!("{op}: got {}", hex_of(&got)))
+        }
         "check" => {
             let ks = keys(f[1]);
             let refs: Vec<&str> = ks.iter().map(String::as_str).collect();
@@ -161,7 +167,7 @@ fn replays_fixture(text: &str) {
     let sections = parse(text);
     let ops: Vec<&str> = sections.iter().map(|s| s.op.as_str()).collect();
     assert_eq!(ops.first(), Some(&"connect"), "{ops:?}");
-    for needed in ["set", "get", "add", "check", "wait"] {
+    for needed in ["set", "get", "add", "set-if-absent", "check", "wait"] {
         assert!(
             ops.iter().any(|o| o.starts_with(needed)),
             "the fixture lacks {needed}: {ops:?}"
@@ -192,12 +198,12 @@ fn replays_fixture(text: &str) {
 
 #[test]
 fn speaks_torchs_protocol_to_the_libuv_server() {
-    replays_fixture(include_str!("../tests/fixtures/tcpstore/libuv.txt"));
+    replays_fixture(include_str!("../../tests/fixtures/tcpstore/libuv.txt"));
 }
 
 #[test]
 fn speaks_torchs_protocol_to_the_classic_server() {
-    replays_fixture(include_str!("../tests/fixtures/tcpstore/classic.txt"));
+    replays_fixture(include_str!("../../tests/fixtures/tcpstore/classic.txt"));
 }
 
 /// Accepts `n` connections and runs `serve` on each, in order.

@@ -2,17 +2,20 @@
 //! that the ranks use to find each other, like torch's `TCPStore`.
 //!
 //! Who serves it depends on the launcher: torchrun's agent already serves a torch TCPStore, which
-//! every rank joins as a client ([`crate::torch_store`]) with its keys under a prefix of the run and
-//! restart; otherwise rank 0 serves burn-dist's own store ([`crate::store_server`]), whose
-//! connections start with a handshake carrying the job token.
+//! every rank joins as a client ([`crate::rendezvous::torch_store`]) with its keys under a prefix of the run and
+//! restart; otherwise rank 0 serves burn-dist's own store ([`crate::rendezvous::store_server`]), whose
+//! connections start with a handshake in which both sides prove they hold the job token
+//! ([`crate::rendezvous::wire`]).
 
 use crate::error::{DistError, Result};
-use crate::store_server::{OP_ADD, OP_GET, OP_SET, OP_WAIT, REPLY_OK, REPLY_REJECTED, Server};
-use crate::torch_store::TorchStore;
-use crate::wire::{self, ConnKind, Cursor};
-use crate::world::{Rendezvous, World};
+use crate::rendezvous::store_server::{
+    OP_ADD, OP_GET, OP_SET, OP_SET_IF_ABSENT, OP_WAIT, REPLY_OK, Server,
+};
+use crate::rendezvous::torch_store::TorchStore;
+use crate::rendezvous::wire::{self, ConnKind, Cursor};
+use crate::rendezvous::world::{Rendezvous, World};
 use std::io;
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -65,7 +68,7 @@ pub(crate) fn connect_any(host: &str, port: u16, timeout: Duration) -> io::Resul
 enum Client {
     /// burn-dist's own store; rank 0 also runs the server.
     Own {
-        stream: Mutex<TcpStream>,
+        conn: Mutex<OwnConn>,
         _server: Option<Server>,
     },
     /// torchrun's agent store, keys under `prefix`.
@@ -73,6 +76,17 @@ enum Client {
         client: Mutex<TorchStore>,
         prefix: String,
     },
+}
+
+/// The connection to burn-dist's own store. A request that times out or fails midway drops the
+/// stream: its late reply would otherwise be read as the next request's. The next request opens
+/// a new one (a single attempt, so that a store that is gone is reported at once).
+struct OwnConn {
+    world: World,
+    stream: Option<TcpStream>,
+    /// The local address of the first connection: the interface that reaches the store, known
+    /// even while a dropped connection waits for the next request to reopen it.
+    local_ip: Option<IpAddr>,
 }
 
 /// A client of the job's store (and, on rank 0 of a job without torchrun, its server).
@@ -125,20 +139,50 @@ impl Store {
                 prefix: key_prefix.clone(),
             },
             Rendezvous::OwnStore => {
+                let addrs = resolve(&world.master_addr, world.master_port).map_err(|source| {
+                    DistError::Resolve {
+                        host: world.master_addr.clone(),
+                        source,
+                    }
+                })?;
+                let ips: Vec<IpAddr> = addrs.iter().map(SocketAddr::ip).collect();
+                wire::require_token(&world.job_token, &ips, "the rendezvous store (MASTER_ADDR)")
+                    .map_err(|detail| DistError::NoJobToken {
+                    rank: world.rank,
+                    detail,
+                })?;
+                if world.rank == 0
+                    && world.local_world_size < world.world_size
+                    && ips.iter().all(IpAddr::is_loopback)
+                {
+                    // Several hosts, yet the store is reachable from this one only (a host name
+                    // that /etc/hosts maps to 127.0.1.1, say). Not refused: several "nodes" on one
+                    // machine is a legitimate test set-up.
+                    eprintln!(
+                        "[burn-dist rank 0] warning: MASTER_ADDR {} resolves to loopback only \
+                         ({ips:?}) but the job has {} ranks and {} on this host: ranks on other \
+                         hosts cannot reach the store; set MASTER_ADDR to an address of this host \
+                         that they can reach",
+                        world.master_addr, world.world_size, world.local_world_size
+                    );
+                }
                 let server = if world.rank == 0 {
-                    let addrs =
-                        resolve(&world.master_addr, world.master_port).map_err(|source| {
-                            DistError::Resolve {
-                                host: world.master_addr.clone(),
-                                source,
-                            }
-                        })?;
-                    Some(Server::start(&addrs, world.master_port, &world.job_token)?)
+                    Some(Server::start(
+                        &addrs,
+                        world.master_port,
+                        &world.job_token,
+                        world.world_size,
+                    )?)
                 } else {
                     None
                 };
+                let stream = Self::connect_own(world, &addr, timeout)?;
                 Client::Own {
-                    stream: Mutex::new(Self::connect_own(world, &addr, timeout)?),
+                    conn: Mutex::new(OwnConn {
+                        world: world.clone(),
+                        local_ip: stream.local_addr().ok().map(|a| a.ip()),
+                        stream: Some(stream),
+                    }),
                     _server: server,
                 }
             }
@@ -165,6 +209,13 @@ impl Store {
                         reason,
                     });
                 }
+                Err(ConnectError::Unproven(reason)) => {
+                    return Err(DistError::Unproven {
+                        addr: addr.to_string(),
+                        rank: world.rank,
+                        reason,
+                    });
+                }
                 Err(ConnectError::Io(e)) => {
                     if start.elapsed() >= timeout {
                         return Err(DistError::StoreConnect {
@@ -181,26 +232,25 @@ impl Store {
     }
 
     fn try_connect(world: &World, timeout: Duration) -> Result<TcpStream, ConnectError> {
-        let mut s = connect_any(&world.master_addr, world.master_port, timeout)
+        let s = connect_any(&world.master_addr, world.master_port, timeout)
             .map_err(ConnectError::Io)?;
         s.set_nodelay(true).map_err(ConnectError::Io)?;
-        s.set_read_timeout(Some(timeout.max(Duration::from_secs(1))))
-            .map_err(ConnectError::Io)?;
-        s.set_write_timeout(Some(timeout.max(Duration::from_secs(1))))
-            .map_err(ConnectError::Io)?;
-        wire::write_frame(
-            &mut s,
-            &wire::handshake_bytes(ConnKind::Store, world.rank, &world.job_token),
-        )
-        .map_err(ConnectError::Io)?;
-        let reply = wire::read_frame(&mut s, wire::MAX_HANDSHAKE).map_err(ConnectError::Io)?;
-        match reply.first() {
-            Some(&REPLY_OK) => Ok(s),
-            Some(&REPLY_REJECTED) => Err(ConnectError::Rejected(
-                String::from_utf8_lossy(&reply[1..]).into_owned(),
-            )),
-            _ => Err(ConnectError::Rejected("unexpected handshake reply".into())),
-        }
+        // The handshake is small: a server that takes long over it is not a healthy store.
+        let mut timed = wire::Deadline {
+            stream: &s,
+            deadline: Instant::now() + wire::HANDSHAKE_TIMEOUT,
+        };
+        wire::client_handshake(&mut timed, ConnKind::Store, world.rank, &world.job_token).map_err(
+            |e| match e {
+                wire::HandshakeError::Io(e) => ConnectError::Io(e),
+                wire::HandshakeError::Rejected(r) => ConnectError::Rejected(r),
+                wire::HandshakeError::Unproven(r) => ConnectError::Unproven(r),
+            },
+        )?;
+        let t = timeout.max(Duration::from_secs(1));
+        s.set_read_timeout(Some(t)).map_err(ConnectError::Io)?;
+        s.set_write_timeout(Some(t)).map_err(ConnectError::Io)?;
+        Ok(s)
     }
 
     /// The store address (`host:port`).
@@ -226,28 +276,47 @@ impl Store {
     /// Local address of the connection to the store: the interface peers can reach us on.
     pub(crate) fn local_ip(&self) -> Option<std::net::IpAddr> {
         match &self.client {
-            Client::Own { stream, .. } => lock(stream).local_addr().ok().map(|a| a.ip()),
+            Client::Own { conn, .. } => lock(conn).local_ip,
             Client::Torch { client, .. } => lock(client).local_ip(),
         }
     }
 
     fn request(
         &self,
-        stream: &Mutex<TcpStream>,
+        conn: &Mutex<OwnConn>,
         req: &[u8],
         read_timeout: Duration,
     ) -> Result<Vec<u8>> {
-        let mut s = lock(stream);
+        let mut conn = lock(conn);
         let io_err = |what: &str, e: io::Error| DistError::Store {
             addr: self.addr.clone(),
             detail: format!("{what} failed"),
             source: Some(e),
         };
-        s.set_read_timeout(Some(read_timeout))
+        let mut stream = match conn.stream.take() {
+            Some(s) => s,
+            None => Self::try_connect(&conn.world, self.timeout).map_err(|e| match e {
+                ConnectError::Io(e) => io_err("reconnecting", e),
+                ConnectError::Rejected(reason) => DistError::Handshake {
+                    addr: self.addr.clone(),
+                    rank: self.rank,
+                    reason,
+                },
+                ConnectError::Unproven(reason) => DistError::Unproven {
+                    addr: self.addr.clone(),
+                    rank: self.rank,
+                    reason,
+                },
+            })?,
+        };
+        stream
+            .set_read_timeout(Some(read_timeout))
             .map_err(|e| io_err("setting a timeout", e))?;
-        wire::write_frame(&mut *s, req).map_err(|e| io_err("sending a request", e))?;
-        let reply = wire::read_frame(&mut *s, MAX_STORE_MESSAGE + 16)
+        wire::write_frame(&mut stream, req).map_err(|e| io_err("sending a request", e))?;
+        let reply = wire::read_frame(&mut stream, MAX_STORE_MESSAGE + 16)
             .map_err(|e| io_err("reading a reply", e))?;
+        // Only a stream whose exchange completed is kept.
+        conn.stream = Some(stream);
         if reply.is_empty() {
             return Err(DistError::Store {
                 addr: self.addr.clone(),
@@ -263,6 +332,20 @@ impl Store {
     /// # Errors
     /// [`DistError::Store`] when the store is unreachable or the value exceeds [`MAX_STORE_MESSAGE`].
     pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.check_size(key, value)?;
+        match &self.client {
+            Client::Own { conn, .. } => {
+                let mut req = vec![OP_SET];
+                wire::put_bytes(&mut req, key.as_bytes());
+                req.extend_from_slice(value);
+                self.request(conn, &req, self.timeout)?;
+                Ok(())
+            }
+            Client::Torch { client, prefix } => lock(client).set(&format!("{prefix}{key}"), value),
+        }
+    }
+
+    fn check_size(&self, key: &str, value: &[u8]) -> Result<()> {
         if value.len() + key.len() + 16 > MAX_STORE_MESSAGE {
             return Err(DistError::Store {
                 addr: self.addr.clone(),
@@ -273,15 +356,28 @@ impl Store {
                 source: None,
             });
         }
+        Ok(())
+    }
+
+    /// Sets `key` to `value` unless it is already set, as one step on the server, and returns the
+    /// value that stands: `value` when this call set it, the earlier value otherwise. Two ranks
+    /// racing see the same winner.
+    ///
+    /// # Errors
+    /// [`DistError::Store`] when the store is unreachable or the value is too large.
+    pub fn set_if_absent(&self, key: &str, value: &[u8]) -> Result<Vec<u8>> {
+        self.check_size(key, value)?;
         match &self.client {
-            Client::Own { stream, .. } => {
-                let mut req = vec![OP_SET];
+            Client::Own { conn, .. } => {
+                let mut req = vec![OP_SET_IF_ABSENT];
                 wire::put_bytes(&mut req, key.as_bytes());
                 req.extend_from_slice(value);
-                self.request(stream, &req, self.timeout)?;
-                Ok(())
+                let r = self.request(conn, &req, self.timeout)?;
+                Ok(r[1..].to_vec())
             }
-            Client::Torch { client, prefix } => lock(client).set(&format!("{prefix}{key}"), value),
+            Client::Torch { client, prefix } => {
+                lock(client).set_if_absent(&format!("{prefix}{key}"), value)
+            }
         }
     }
 
@@ -291,10 +387,10 @@ impl Store {
     /// [`DistError::Store`] when the store is unreachable.
     pub fn try_get(&self, key: &str) -> Result<Option<Vec<u8>>> {
         match &self.client {
-            Client::Own { stream, .. } => {
+            Client::Own { conn, .. } => {
                 let mut req = vec![OP_GET];
                 wire::put_bytes(&mut req, key.as_bytes());
-                let r = self.request(stream, &req, self.timeout)?;
+                let r = self.request(conn, &req, self.timeout)?;
                 Ok((r[0] == REPLY_OK).then(|| r[1..].to_vec()))
             }
             Client::Torch { client, prefix } => lock(client).try_get(&format!("{prefix}{key}")),
@@ -306,8 +402,8 @@ impl Store {
     /// # Errors
     /// [`DistError::Store`] when the store is unreachable.
     pub fn wait_missing(&self, keys: &[String], timeout: Duration) -> Result<Vec<String>> {
-        let stream = match &self.client {
-            Client::Own { stream, .. } => stream,
+        let conn = match &self.client {
+            Client::Own { conn, .. } => conn,
             Client::Torch { client, prefix } => {
                 let full: Vec<String> = keys.iter().map(|k| format!("{prefix}{k}")).collect();
                 let refs: Vec<&str> = full.iter().map(String::as_str).collect();
@@ -330,7 +426,7 @@ impl Store {
         for k in keys {
             wire::put_bytes(&mut req, k.as_bytes());
         }
-        let r = self.request(stream, &req, timeout + Duration::from_secs(10))?;
+        let r = self.request(conn, &req, timeout + Duration::from_secs(10))?;
         if r[0] == REPLY_OK {
             return Ok(Vec::new());
         }
@@ -383,8 +479,8 @@ impl Store {
     /// # Errors
     /// [`DistError::Store`] when the store is unreachable.
     pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        let stream = match &self.client {
-            Client::Own { stream, .. } => stream,
+        let conn = match &self.client {
+            Client::Own { conn, .. } => conn,
             Client::Torch { client, prefix } => {
                 return lock(client).add(&format!("{prefix}{key}"), delta);
             }
@@ -392,7 +488,7 @@ impl Store {
         let mut req = vec![OP_ADD];
         wire::put_bytes(&mut req, key.as_bytes());
         req.extend_from_slice(&(delta as u64).to_le_bytes());
-        let r = self.request(stream, &req, self.timeout)?;
+        let r = self.request(conn, &req, self.timeout)?;
         let v: [u8; 8] =
             r.get(1..9)
                 .and_then(|b| b.try_into().ok())
@@ -448,6 +544,7 @@ impl Store {
 enum ConnectError {
     Io(io::Error),
     Rejected(String),
+    Unproven(String),
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -456,112 +553,5 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::net::{Ipv4Addr, TcpListener};
-
-    fn free_port() -> u16 {
-        TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port")
-    }
-
-    fn world(rank: usize, n: usize, port: u16) -> World {
-        World {
-            rank,
-            world_size: n,
-            local_rank: rank,
-            local_world_size: n,
-            master_addr: "127.0.0.1".into(),
-            master_port: port,
-            job_token: "tok".into(),
-            rendezvous: Rendezvous::OwnStore,
-        }
-    }
-
-    #[test]
-    fn set_get_add_wait_barrier() {
-        let port = free_port();
-        let t = Duration::from_secs(5);
-        let s0 = Store::connect(&world(0, 2, port), t).expect("rank 0");
-        let h = std::thread::spawn(move || {
-            let s1 = Store::connect(&world(1, 2, port), t).expect("rank 1");
-            s1.set("k", b"v").expect("set");
-            s1.barrier("b", t).expect("barrier");
-            s1.add("c", 2).expect("add")
-        });
-        assert_eq!(s0.get("k", t).expect("get"), b"v");
-        s0.barrier("b", t).expect("barrier");
-        let a = s0.add("c", 3).expect("add");
-        let b = h.join().expect("join");
-        assert_eq!(a.max(b), 5);
-        assert_eq!(s0.try_get("nope").expect("try_get"), None);
-    }
-
-    #[test]
-    fn missing_rank_is_named_and_bad_clients_are_dropped() {
-        let port = free_port();
-        let s0 = Store::connect(&world(0, 3, port), Duration::from_secs(5)).expect("rank 0");
-        // Garbage and a wrong token.
-        let mut g = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-        io::Write::write_all(&mut g, b"\xff\xff\xff\x7fgarbage").expect("write");
-        let mut w = world(1, 3, port);
-        w.job_token = "wrong".into();
-        let e = Store::connect(&w, Duration::from_secs(2)).expect_err("wrong token");
-        assert!(e.to_string().contains("token"), "{e}");
-        let e = s0
-            .barrier("rendezvous", Duration::from_millis(300))
-            .expect_err("missing");
-        match e {
-            DistError::RendezvousTimeout { missing, .. } => assert_eq!(missing, vec![1, 2]),
-            e => panic!("unexpected {e}"),
-        }
-        // The store still works.
-        s0.set("x", b"1").expect("set after garbage");
-    }
-
-    #[test]
-    fn port_in_use_is_named() {
-        let l = TcpListener::bind("0.0.0.0:0").expect("bind");
-        let port = l.local_addr().expect("addr").port();
-        let e = Store::connect(&world(0, 2, port), Duration::from_secs(1)).expect_err("in use");
-        assert!(e.to_string().contains(&port.to_string()), "{e}");
-    }
-
-    #[test]
-    fn every_address_of_the_master_is_tried() {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let open = listener.local_addr().expect("addr");
-        // A port on another loopback address that nobody listens on refuses at once.
-        let refused = SocketAddr::from((Ipv4Addr::new(127, 0, 0, 2), free_port()));
-        let s = connect_first(&[refused, open], Duration::from_secs(2)).expect("second address");
-        assert_eq!(s.peer_addr().expect("peer"), open);
-        let e = connect_first(&[refused], Duration::from_secs(2)).expect_err("refused");
-        assert!(e.to_string().contains(&refused.to_string()), "{e}");
-    }
-
-    #[test]
-    fn an_ipv6_master_address_is_served_and_reached() {
-        let port = free_port();
-        let t = Duration::from_secs(5);
-        let mut w0 = world(0, 2, port);
-        w0.master_addr = "::1".into();
-        let mut w1 = w0.clone();
-        w1.rank = 1;
-        let s0 = Store::connect(&w0, t).expect("rank 0 serves on ::1");
-        let s1 = Store::connect(&w1, t).expect("rank 1 reaches ::1");
-        assert_eq!(s1.addr(), format!("[::1]:{port}"));
-        s1.set("k", b"v6").expect("set");
-        assert_eq!(s0.get("k", t).expect("get"), b"v6");
-        assert!(s1.local_ip().expect("ip").is_ipv6());
-    }
-
-    #[test]
-    fn an_unresolvable_master_address_is_named() {
-        let mut w = world(0, 2, free_port());
-        w.master_addr = "no-such-host.invalid".into();
-        let e = Store::connect(&w, Duration::from_secs(1)).expect_err("unresolvable");
-        assert!(e.to_string().contains("no-such-host.invalid"), "{e}");
-    }
-}
+#[path = "store_tests.rs"]
+mod tests;

@@ -12,7 +12,9 @@
 //!   stopped or hung as a whole process; otherwise a rank that has not reached the collective the
 //!   others wait in is busy elsewhere.
 
-use crate::store::Store;
+use super::{RingError, is_timeout};
+use crate::error::DistError;
+use crate::rendezvous::store::Store;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -103,18 +105,9 @@ impl Record {
 /// Records `record` unless a failure is already recorded; returns the record that stands (ours
 /// or the first one). `None` when the store cannot be reached.
 pub(crate) fn publish(store: &Store, record: &Record) -> Option<Record> {
-    let stored = set_if_absent(store, FAILURE_KEY, &record.encode())?;
+    // One step on the server: two ranks that find a failure in the same instant agree on it.
+    let stored = store.set_if_absent(FAILURE_KEY, &record.encode()).ok()?;
     Record::decode(&stored)
-}
-
-// Stand-in until the store has an atomic set-if-absent: two ranks that find a failure in the
-// same instant can both write (the later one wins).
-fn set_if_absent(store: &Store, key: &str, value: &[u8]) -> Option<Vec<u8>> {
-    if let Some(existing) = store.try_get(key).ok()? {
-        return Some(existing);
-    }
-    store.set(key, value).ok()?;
-    Some(value.to_vec())
 }
 
 /// The recorded failure, if any.
@@ -312,6 +305,129 @@ fn blame(first: &[Option<Entry>], second: &[Option<Entry>]) -> Option<(usize, St
             lagging.describe()
         ),
     ))
+}
+
+impl super::TcpRing {
+    /// Turns what this rank saw into the job's failure: the first record in the store wins, so
+    /// every rank names the same root cause (see [`crate::comm::ring::failure`]).
+    pub(super) fn explain(&self, op: &'static str, e: RingError) -> DistError {
+        let n = self.world_size;
+        let (peer, detail, timed_out) = match e {
+            RingError::Peer(q, e) => (q, e.to_string(), is_timeout(&e)),
+            RingError::Recv(e) => ((self.rank + n - 1) % n, e.to_string(), is_timeout(&e)),
+            RingError::Send(e) => ((self.rank + 1) % n, e.to_string(), is_timeout(&e)),
+            RingError::Mismatch { ours, theirs } => {
+                let peer = (self.rank + n - 1) % n;
+                if let Some(store) = &self.store {
+                    publish(
+                        store,
+                        &Record {
+                            kind: Kind::Mismatch,
+                            rank: peer,
+                            observer: self.rank,
+                            detail: format!(
+                                "rank {} runs {ours}, rank {peer} runs {theirs}",
+                                self.rank
+                            ),
+                        },
+                    );
+                }
+                return DistError::CollectiveMismatch {
+                    rank: self.rank,
+                    peer,
+                    ours,
+                    theirs,
+                };
+            }
+        };
+        let Some(store) = &self.store else {
+            return DistError::PeerFailed {
+                op,
+                rank: self.rank,
+                peer,
+                detail,
+            };
+        };
+        // An echo of a failure another rank already recorded: name its root cause.
+        if let Some(first) = recorded(store)
+            && first.observer != self.rank
+        {
+            return self.error_for(op, first, &detail);
+        }
+        let ours = if timed_out {
+            // Which rank holds the job up? The progress board knows; the neighbour we waited on
+            // may itself be waiting.
+            diagnose(store, self.rank, n).unwrap_or(Record {
+                kind: Kind::Unresponsive,
+                rank: peer,
+                observer: self.rank,
+                detail: format!(
+                    "did not answer within {}s (it may be waiting on another rank)",
+                    self.timeout.as_secs_f64()
+                ),
+            })
+        } else if store.try_get("burn-dist/rendezvous-probe").is_err()
+            && peer != 0
+            && self.rank != 0
+        {
+            // The store is gone: its server, rank 0, is down.
+            Record {
+                kind: Kind::Died,
+                rank: 0,
+                observer: self.rank,
+                detail: format!(
+                    "is unreachable (its rendezvous store is gone); this rank saw: {detail}"
+                ),
+            }
+        } else {
+            Record {
+                kind: Kind::Died,
+                rank: peer,
+                observer: self.rank,
+                detail: format!("closed the connection or died ({detail})"),
+            }
+        };
+        let standing = publish(store, &ours).unwrap_or(ours);
+        self.error_for(op, standing, &detail)
+    }
+
+    /// The error this rank reports for the job's failure `record`.
+    fn error_for(&self, op: &'static str, record: Record, seen: &str) -> DistError {
+        let echo = if record.observer == self.rank {
+            String::new()
+        } else {
+            format!(
+                " (found by rank {}; this rank saw: {seen})",
+                record.observer
+            )
+        };
+        match record.kind {
+            Kind::Mismatch => DistError::MismatchReported {
+                rank: self.rank,
+                observer: record.observer,
+                detail: record.detail,
+            },
+            Kind::Unresponsive => DistError::Unresponsive {
+                op,
+                rank: self.rank,
+                peer: record.rank,
+                detail: format!("{}{echo}", record.detail),
+                deadline: self.timeout,
+            },
+            Kind::Died => DistError::PeerFailed {
+                op,
+                rank: self.rank,
+                peer: record.rank,
+                detail: format!("{}{echo}", record.detail),
+            },
+            Kind::Local => DistError::PeerFailed {
+                op,
+                rank: self.rank,
+                peer: record.rank,
+                detail: format!("failed by itself: {}{echo}", record.detail),
+            },
+        }
+    }
 }
 
 #[cfg(test)]

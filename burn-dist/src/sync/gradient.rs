@@ -4,7 +4,7 @@
 
 use crate::comm::{Communicator, CommunicatorExt, ReduceOp};
 use crate::error::{DistError, Result};
-use crate::tensor::{CollectiveBackend, Compression};
+use crate::sync::tensor::{CollectiveBackend, Compression};
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;

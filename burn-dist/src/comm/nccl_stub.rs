@@ -1,11 +1,11 @@
 //! Stand-in for the NCCL communicator when `burn-dist` is built without the `cuda` feature: the
 //! same API, every call returns [`DistError::NotCompiledWithCuda`].
 
+pub use crate::comm::device_call::{Collective, DeviceCall};
 use crate::comm::{Communicator, HostBuf, ReduceOp};
-pub use crate::device_call::{Collective, DeviceCall};
 use crate::error::{DistError, Result};
-use crate::store::Store;
-use crate::world::World;
+use crate::rendezvous::store::Store;
+use crate::rendezvous::world::World;
 use std::time::Duration;
 
 /// NCCL communicator (unavailable: built without the `cuda` feature).

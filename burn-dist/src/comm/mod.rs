@@ -1,5 +1,13 @@
 //! The [`Communicator`] trait, element types and reduction operators.
 
+pub(crate) mod device_call;
+#[cfg(feature = "cuda")]
+pub(crate) mod nccl;
+#[cfg(not(feature = "cuda"))]
+#[path = "nccl_stub.rs"]
+pub(crate) mod nccl;
+pub(crate) mod ring;
+
 use crate::error::Result;
 use half::{bf16, f16};
 use std::time::Duration;

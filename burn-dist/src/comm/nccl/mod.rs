@@ -10,11 +10,11 @@
 mod ffi;
 mod worker;
 
+pub use crate::comm::device_call::{Collective, DeviceCall};
 use crate::comm::{Communicator, DType, HostBuf, ReduceOp};
-pub use crate::device_call::{Collective, DeviceCall};
 use crate::error::{DistError, Result};
-use crate::store::Store;
-use crate::world::World;
+use crate::rendezvous::store::Store;
+use crate::rendezvous::world::World;
 use cudarc::nccl::{result as nccl, sys as nsys};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};

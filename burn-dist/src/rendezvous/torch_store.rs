@@ -8,7 +8,8 @@
 //! every platform torch ships on is little-endian); a key or a value is a u64 length then its
 //! bytes. A new connection sends `VALIDATE` with a magic number (the libuv server ignores a client
 //! until it does) and a `PING` whose nonce comes back. `SET` has no reply; `GET` answers a value;
-//! `ADD` the new integer (stored as decimal text); `CHECK` one byte, 0 when every key is set; `WAIT`
+//! `ADD` the new integer (stored as decimal text); `COMPARE_SET` (key, expected value, new value)
+//! the value that stands after it, where an empty expected value means "only if unset"; `CHECK` one byte, 0 when every key is set; `WAIT`
 //! one byte when every key is set, and a waiting client that gives up sends `CANCEL_WAIT`, answered
 //! by `WAIT_CANCELED` (after a `STOP_WAITING` that crossed it on the way).
 //!
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 
 const VALIDATE: u8 = 0;
 const SET: u8 = 1;
+const COMPARE_SET: u8 = 2;
 const GET: u8 = 3;
 const ADD: u8 = 4;
 const CHECK: u8 = 5;
@@ -72,7 +74,7 @@ impl TorchStore {
             rank,
             host: host.to_string(),
             port,
-            addr: crate::store::endpoint(host, port),
+            addr: crate::rendezvous::store::endpoint(host, port),
             stream: None,
             timeout,
             nonce,
@@ -125,7 +127,7 @@ impl TorchStore {
     }
 
     fn try_open(&self) -> io::Result<TcpStream> {
-        let mut s = crate::store::connect_any(&self.host, self.port, self.timeout)?;
+        let mut s = crate::rendezvous::store::connect_any(&self.host, self.port, self.timeout)?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(self.timeout))?;
         s.set_write_timeout(Some(self.timeout))?;
@@ -240,6 +242,20 @@ impl TorchStore {
             let mut v = [0u8; 8];
             s.read_exact(&mut v)?;
             Ok(i64::from_le_bytes(v))
+        })
+    }
+
+    /// Sets `key` to `value` unless it is set, as one step on the server (torch's
+    /// `compare_set` with an empty expected value); returns the value that stands.
+    pub(crate) fn set_if_absent(&mut self, key: &str, value: &[u8]) -> Result<Vec<u8>> {
+        self.check_sizes(key, value)?;
+        let mut req = vec![COMPARE_SET];
+        put(&mut req, key.as_bytes());
+        put(&mut req, &[]);
+        put(&mut req, value);
+        self.exchange("compare_set", |s, _| {
+            s.write_all(&req)?;
+            read_vec(s)
         })
     }
 

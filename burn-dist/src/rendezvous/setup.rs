@@ -1,17 +1,18 @@
 //! One call to join the job: rendezvous, then the chosen communicator.
 
+use crate::comm::ring::TcpRing;
 use crate::comm::{Communicator, DEFAULT_TIMEOUT};
 use crate::error::{DistError, Result};
-use crate::host::Host;
-use crate::store::Store;
-use crate::world::World;
+use crate::rendezvous::store::Store;
+use crate::rendezvous::world::World;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Environment variable overriding the deadline of rendezvous and collectives, in seconds.
 pub const TIMEOUT_ENV: &str = "BURN_DIST_TIMEOUT_S";
 
-/// Environment variable choosing the collective backend: `host` or `nccl`. With `nccl` a world of
+/// Environment variable choosing the collective backend: `ring` (also accepted under its old
+/// name `host`) or `nccl`. With `nccl` a world of
 /// one still builds a real one-rank NCCL communicator (through the rendezvous store), so a single
 /// GPU exercises the whole NCCL path.
 pub const BACKEND_ENV: &str = "BURN_DIST_BACKEND";
@@ -21,7 +22,7 @@ pub const BACKEND_ENV: &str = "BURN_DIST_BACKEND";
 pub enum CommBackend {
     /// TCP ring between processes (any machine).
     #[default]
-    Host,
+    Ring,
     /// NCCL on the CUDA device `local_rank` (feature `cuda`).
     Nccl,
 }
@@ -44,7 +45,7 @@ impl DistOptions {
     /// the backend in a world of one); the deadline from [`TIMEOUT_ENV`].
     ///
     /// # Errors
-    /// [`DistError::InvalidEnv`] when [`BACKEND_ENV`] is neither `host` nor `nccl`.
+    /// [`DistError::InvalidEnv`] when [`BACKEND_ENV`] is neither `ring` (`host`) nor `nccl`.
     pub fn from_env(backend: CommBackend) -> Result<Self> {
         Self::from_lookup(backend, |k| std::env::var(k).ok())
     }
@@ -60,13 +61,14 @@ impl DistOptions {
         };
         if let Some(value) = get(BACKEND_ENV) {
             options.backend = match value.trim() {
-                "host" => CommBackend::Host,
+                // `host` is the name this backend had before.
+                "ring" | "host" => CommBackend::Ring,
                 "nccl" => CommBackend::Nccl,
                 _ => {
                     return Err(DistError::InvalidEnv {
                         var: BACKEND_ENV.into(),
                         value,
-                        reason: "expected `host` or `nccl`".into(),
+                        reason: "expected `ring` (or its old name `host`) or `nccl`".into(),
                     });
                 }
             };
@@ -85,7 +87,7 @@ impl Default for DistOptions {
             .map(Duration::from_secs_f64)
             .unwrap_or(DEFAULT_TIMEOUT);
         Self {
-            backend: CommBackend::Host,
+            backend: CommBackend::Ring,
             timeout,
             force_backend: false,
         }
@@ -130,7 +132,7 @@ pub fn init(world: &World, options: &DistOptions) -> Result<Dist> {
         return Ok(Dist {
             world: world.clone(),
             store: None,
-            comm: Arc::new(Host::single()),
+            comm: Arc::new(TcpRing::single()),
         });
     }
     let store = if world.world_size == 1 {
@@ -147,8 +149,8 @@ pub fn init(world: &World, options: &DistOptions) -> Result<Dist> {
     };
     let store = Arc::new(store);
     let comm: Arc<dyn Communicator> = match options.backend {
-        CommBackend::Host => Arc::new(Host::new(world, Arc::clone(&store), options.timeout)?),
-        CommBackend::Nccl => Arc::new(crate::nccl::Nccl::new(
+        CommBackend::Ring => Arc::new(TcpRing::new(world, Arc::clone(&store), options.timeout)?),
+        CommBackend::Nccl => Arc::new(crate::comm::nccl::Nccl::new(
             world,
             &store,
             world.local_rank,
