@@ -1,6 +1,6 @@
 //! nccl-tests-style all-reduce sweep over `burn-dist` communicators.
 //!
-//! `cargo run --release -p benches --bin allreduce -- --nproc 2 --backend host`
+//! `cargo run --release -p benches --bin allreduce -- --nproc 2 --backend ring`
 //!
 //! Launches `--nproc` processes on this machine (through `burn_dist::launch_or_run`), sweeps
 //! message sizes from `--min-bytes` to `--max-bytes` (×2), warms up, times in-place f32 sum
@@ -21,8 +21,9 @@ struct Args {
     /// Processes to launch on this machine.
     #[arg(long, default_value_t = 2)]
     nproc: usize,
-    /// Communicator: host (TCP ring) or nccl (feature cuda).
-    #[arg(long, default_value = "host")]
+    /// Communicator: ring (TCP ring with shared memory on one machine; `host` is its old name) or
+    /// nccl (feature cuda).
+    #[arg(long, default_value = "ring")]
     backend: String,
     /// Smallest message in bytes.
     #[arg(long, default_value_t = 8)]
@@ -61,9 +62,10 @@ fn pattern(rank: usize, i: usize) -> f32 {
 fn run() -> Result<()> {
     let args = Args::parse();
     let backend = match args.backend.as_str() {
-        "host" => CommBackend::Ring,
+        // "host" is the ring's old name, kept so older scripts and binaries compare like for like.
+        "ring" | "host" => CommBackend::Ring,
         "nccl" => CommBackend::Nccl,
-        other => bail!("unknown --backend {other:?}: expected host or nccl"),
+        other => bail!("unknown --backend {other:?}: expected ring (or host) or nccl"),
     };
     let launch = LaunchConfig {
         nproc_per_node: Some(args.nproc),
