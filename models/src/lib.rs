@@ -18,13 +18,16 @@
 
 mod block;
 mod classifier;
+pub mod conv;
 mod error;
+pub mod nn;
 mod path;
 mod resnet;
 pub mod torchvision;
 
 pub use block::Block;
 pub use classifier::ImageClassifier;
+pub use conv::{ConvBackend, ConvImpl, conv_impl, set_conv_impl};
 pub use error::ModelError;
 pub use path::num_trainable_params;
 pub use resnet::{BlockKind, ResNet, ResNetConfig};
