@@ -155,6 +155,31 @@ pub struct TrainArgs {
     #[arg(long)]
     #[serde(default)]
     pub resume_anyway: bool,
+    /// Convolution: fast (our op: GEMM kernels on the CPU) or burn (Burn's own conv, for
+    /// comparison). Same numbers within float rounding; only the speed differs.
+    #[arg(long, value_enum, default_value_t = ConvChoice::Fast, env = "BURN_HOROVOD_CONV")]
+    #[serde(default)]
+    pub conv: ConvChoice,
+}
+
+/// Which convolution the model runs (`--conv`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConvChoice {
+    /// Our conv op (`models::conv`): im2col/col2im + GEMM kernels on the CPU.
+    #[default]
+    Fast,
+    /// Burn's own `conv2d` and its default gradients.
+    Burn,
+}
+
+impl From<ConvChoice> for models::ConvImpl {
+    fn from(choice: ConvChoice) -> Self {
+        match choice {
+            ConvChoice::Fast => models::ConvImpl::Fast,
+            ConvChoice::Burn => models::ConvImpl::Burn,
+        }
+    }
 }
 
 /// A flag value that cannot work, found before any work starts.
