@@ -131,19 +131,36 @@ fn im2col(g: &Geometry, x: &[f32], nb: usize, col: &mut [f32]) {
                         }
                         let src = &plane[iy as usize * g.width..][..g.width];
                         let x0 = (kj * g.dilation[1]) as isize - g.padding[1] as isize;
-                        for (ox, v) in out_row.iter_mut().enumerate() {
-                            let ix = x0 + (ox * g.stride[1]) as isize;
-                            *v = if ix >= 0 && ix < g.width as isize {
-                                src[ix as usize]
-                            } else {
-                                0.0
-                            };
+                        let (lo, hi) = valid_range(x0, g.stride[1], g.width, wo);
+                        out_row[..lo].fill(0.0);
+                        out_row[hi..].fill(0.0);
+                        if g.stride[1] == 1 {
+                            let start = (x0 + lo as isize) as usize;
+                            out_row[lo..hi].copy_from_slice(&src[start..start + hi - lo]);
+                        } else {
+                            for (ox, v) in out_row[lo..hi].iter_mut().enumerate() {
+                                *v = src[(x0 + ((lo + ox) * g.stride[1]) as isize) as usize];
+                            }
                         }
                     }
                 }
             }
         }
     }
+}
+
+/// The output columns `lo..hi` whose input column `x0 + ox·stride` lies inside `0..width`.
+fn valid_range(x0: isize, stride: usize, width: usize, out: usize) -> (usize, usize) {
+    let s = stride as isize;
+    let lo = if x0 >= 0 {
+        0
+    } else {
+        ((-x0 + s - 1) / s) as usize
+    };
+    let last = width as isize - 1 - x0;
+    let hi = if last < 0 { 0 } else { (last / s + 1) as usize };
+    let hi = hi.min(out);
+    (lo.min(hi), hi)
 }
 
 /// Adds the column matrix `col` (`[K, nb·P]`) back into the images `dx` (`nb` images, zeroed by
@@ -170,10 +187,16 @@ fn col2im(g: &Geometry, col: &[f32], nb: usize, dx: &mut [f32]) {
                         }
                         let dst = &mut plane[iy as usize * g.width..][..g.width];
                         let x0 = (kj * g.dilation[1]) as isize - g.padding[1] as isize;
-                        for (ox, v) in src[oy * wo..(oy + 1) * wo].iter().enumerate() {
-                            let ix = x0 + (ox * g.stride[1]) as isize;
-                            if ix >= 0 && ix < g.width as isize {
-                                dst[ix as usize] += v;
+                        let (lo, hi) = valid_range(x0, g.stride[1], g.width, wo);
+                        let src = &src[oy * wo + lo..oy * wo + hi];
+                        if g.stride[1] == 1 {
+                            let start = (x0 + lo as isize) as usize;
+                            for (d, v) in dst[start..start + src.len()].iter_mut().zip(src) {
+                                *d += v;
+                            }
+                        } else {
+                            for (ox, v) in src.iter().enumerate() {
+                                dst[(x0 + ((lo + ox) * g.stride[1]) as isize) as usize] += v;
                             }
                         }
                     }

@@ -1,10 +1,12 @@
 //! Our own 2-D convolution: a backend extension ([`ConvBackend`]) with GEMM kernels on the CPU,
-//! and the run-time switch ([`ConvImpl`]) that keeps Burn's own conv for comparison.
+//! cuDNN on CUDA, and the run-time switch ([`ConvImpl`]) that keeps Burn's own conv for comparison.
 
 mod backend;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+mod cudnn;
 mod dispatch;
 
 pub use backend::ConvBackend;
