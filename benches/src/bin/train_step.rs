@@ -80,9 +80,12 @@ fn main() -> anyhow::Result<()> {
     models::set_conv_impl(conv);
     match args.amp.as_str() {
         "none" => {}
+        "bf16" if args.backend == "flex" => bail!(
+            "--amp bf16: bf16 convs run only on CUDA with cuDNN; use --amp none with --backend flex"
+        ),
         "bf16" => bail!(
-            "--amp bf16: bf16 convs run only on CUDA with cuDNN, which this build does not have \
-             yet; use --amp none"
+            "--amp bf16: bf16 convs (cuDNN, f32 accumulation) are not implemented yet; use \
+             --amp none"
         ),
         other => bail!("--amp {other}: expected none or bf16"),
     }
