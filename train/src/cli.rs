@@ -355,6 +355,20 @@ mod tests {
     }
 
     #[test]
+    fn conv_defaults_to_fast_and_takes_burn() {
+        if std::env::var_os("BURN_HOROVOD_CONV").is_none() {
+            assert_eq!(parse(&[]).conv, ConvChoice::Fast);
+        }
+        let a = parse(&["--conv", "burn"]);
+        assert_eq!(a.conv, ConvChoice::Burn);
+        assert_eq!(models::ConvImpl::from(a.conv), models::ConvImpl::Burn);
+        assert_eq!(
+            models::ConvImpl::from(ConvChoice::Fast),
+            models::ConvImpl::Fast
+        );
+    }
+
+    #[test]
     fn use_adasum_parses_and_is_refused_with_the_reason() {
         let error = parse(&["--use-adasum"]).validate().expect_err("refused");
         assert_eq!(error.flag, "use-adasum");

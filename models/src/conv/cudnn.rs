@@ -64,8 +64,8 @@ pub(crate) fn unavailable() -> Option<&'static str> {
 pub(crate) fn fallback_message(reason: &str) -> String {
     format!(
         "--conv fast on CUDA: {reason}, so convs use Burn's own kernels; to use cuDNN, install \
-         cuDNN 9 (e.g. `pip install nvidia-cudnn-cu12`) and put a `libcudnn.so` symlink to its \
-         `libcudnn.so.9` in a directory on LD_LIBRARY_PATH (cudarc looks for `libcudnn.so`)"
+         cuDNN 9 (e.g. `pip install nvidia-cudnn-cu12`) and put the directory that holds \
+         `libcudnn.so.9` (for pip: site-packages/nvidia/cudnn/lib) on LD_LIBRARY_PATH"
     )
 }
 
