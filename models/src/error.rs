@@ -9,6 +9,12 @@ pub enum ModelError {
         /// The depth asked for.
         depth: usize,
     },
+    /// A conv choice (flag or `BURN_HOROVOD_CONV`) that is neither `burn` nor `fast`.
+    #[error("unknown conv `{value}`: choose `burn` (Burn's own conv) or `fast` (our GEMM kernels)")]
+    UnknownConv {
+        /// The value given.
+        value: String,
+    },
     /// Reading or writing a weights file failed.
     #[error("cannot {op} weights file {path}: {source}")]
     Io {

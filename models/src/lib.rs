@@ -13,18 +13,26 @@
 //! assert_eq!(model.classify(images).dims(), [2, 10]);
 //! ```
 //!
+//! Convolutions run our own op ([`conv`]): im2col/col2im + GEMM kernels on the CPU (Flex),
+//! cuDNN on CUDA (feature `cuda`; Burn's conv when `libcudnn` is missing). [`nn::Conv2d`] is a
+//! drop-in for `burn::nn::conv::Conv2d`. `BURN_HOROVOD_CONV=burn` or [`set_conv_impl`] switches
+//! back to Burn's own conv.
+//!
 //! Parameter paths follow torchvision (`conv1`, `bn1`, `layer1.0.conv1`, `layer1.0.downsample.0`,
 //! `fc`), so [`torchvision`] can save and load weights as a torchvision `state_dict` in safetensors.
 
 mod block;
 mod classifier;
+pub mod conv;
 mod error;
+pub mod nn;
 mod path;
 mod resnet;
 pub mod torchvision;
 
 pub use block::Block;
 pub use classifier::ImageClassifier;
+pub use conv::{ConvBackend, ConvImpl, conv_impl, set_conv_impl};
 pub use error::ModelError;
 pub use path::num_trainable_params;
 pub use resnet::{BlockKind, ResNet, ResNetConfig};

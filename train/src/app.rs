@@ -189,6 +189,7 @@ fn try_main<C: ClassifierConfig>(
 ) -> Result<(), TrainError> {
     let (args, quickstart) = parse_args()?;
     args.validate()?;
+    models::set_conv_impl(args.conv.into());
     let mut dirs = vec![("val-dir", &args.val_dir)];
     if !args.test_only {
         dirs.insert(0, ("train-dir", &args.train_dir));

@@ -155,6 +155,31 @@ pub struct TrainArgs {
     #[arg(long)]
     #[serde(default)]
     pub resume_anyway: bool,
+    /// Convolution: fast (our op: GEMM kernels on the CPU) or burn (Burn's own conv, for
+    /// comparison). Same numbers within float rounding; only the speed differs.
+    #[arg(long, value_enum, default_value_t = ConvChoice::Fast, env = "BURN_HOROVOD_CONV")]
+    #[serde(default)]
+    pub conv: ConvChoice,
+}
+
+/// Which convolution the model runs (`--conv`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConvChoice {
+    /// Our conv op (`models::conv`): im2col/col2im + GEMM kernels on the CPU.
+    #[default]
+    Fast,
+    /// Burn's own `conv2d` and its default gradients.
+    Burn,
+}
+
+impl From<ConvChoice> for models::ConvImpl {
+    fn from(choice: ConvChoice) -> Self {
+        match choice {
+            ConvChoice::Fast => models::ConvImpl::Fast,
+            ConvChoice::Burn => models::ConvImpl::Burn,
+        }
+    }
 }
 
 /// A flag value that cannot work, found before any work starts.
@@ -327,6 +352,20 @@ mod tests {
             assert_eq!(error.flag, flag, "{args:?}");
             assert!(error.to_string().contains(flag));
         }
+    }
+
+    #[test]
+    fn conv_defaults_to_fast_and_takes_burn() {
+        if std::env::var_os("BURN_HOROVOD_CONV").is_none() {
+            assert_eq!(parse(&[]).conv, ConvChoice::Fast);
+        }
+        let a = parse(&["--conv", "burn"]);
+        assert_eq!(a.conv, ConvChoice::Burn);
+        assert_eq!(models::ConvImpl::from(a.conv), models::ConvImpl::Burn);
+        assert_eq!(
+            models::ConvImpl::from(ConvChoice::Fast),
+            models::ConvImpl::Fast
+        );
     }
 
     #[test]

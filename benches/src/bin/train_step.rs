@@ -5,6 +5,7 @@
 //! `cargo run --release -p benches --bin train_step -- --model resnet50 --batch 8 --image-size 224`
 //!
 //! `benches/compare_train_step.py` times PyTorch on the CPU with the same model and batch.
+//! `--conv burn` runs Burn's own conv instead of ours, for comparison.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -17,7 +18,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor};
 use clap::Parser;
 use data::{DistributedSampler, ImageFolder, Loader, LoaderConfig};
-use models::{ImageClassifier, ResNet, ResNetConfig};
+use models::{ConvImpl, ImageClassifier, ResNet, ResNetConfig};
 
 #[derive(Parser, Debug)]
 #[command(about = "ResNet training-step throughput (forward + backward + SGD step)")]
@@ -37,9 +38,15 @@ struct Args {
     /// Untimed steps first.
     #[arg(long, default_value_t = 2)]
     warmup: usize,
-    /// flex (CPU) or cuda.
+    /// flex (CPU), cuda (Burn's CUDA with fusion) or cuda-raw (CUDA without fusion).
     #[arg(long, default_value = "flex")]
     backend: String,
+    /// Convolution: fast (our op: GEMM kernels on the CPU) or burn (Burn's own conv).
+    #[arg(long, default_value = "fast")]
+    conv: String,
+    /// Mixed precision of the convs: none, or bf16 (CUDA with cuDNN only).
+    #[arg(long, default_value = "none")]
+    amp: String,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -66,12 +73,28 @@ fn main() -> anyhow::Result<()> {
     if args.batch == 0 || args.steps == 0 {
         bail!("--batch and --steps must be at least 1");
     }
+    let conv: ConvImpl = args
+        .conv
+        .parse()
+        .with_context(|| format!("--conv {}", args.conv))?;
+    models::set_conv_impl(conv);
+    match args.amp.as_str() {
+        "none" => {}
+        "bf16" if args.backend == "flex" => bail!(
+            "--amp bf16: bf16 convs run only on CUDA with cuDNN; use --amp none with --backend flex"
+        ),
+        "bf16" => bail!(
+            "--amp bf16: bf16 convs (cuDNN, f32 accumulation) are not implemented yet; use \
+             --amp none"
+        ),
+        other => bail!("--amp {other}: expected none or bf16"),
+    }
     match args.backend.as_str() {
         "flex" => {
             run::<burn::backend::Autodiff<burn::backend::Flex>>(&args, &config, Default::default())
         }
-        "cuda" => run_cuda(&args, &config),
-        other => bail!("--backend {other}: expected flex or cuda"),
+        "cuda" | "cuda-raw" => run_cuda(&args, &config),
+        other => bail!("--backend {other}: expected flex, cuda or cuda-raw"),
     }
 }
 
@@ -80,15 +103,25 @@ fn run_cuda(args: &Args, config: &ResNetConfig) -> anyhow::Result<()> {
     // SAFETY: only probes whether libcuda can be loaded; calls no CUDA function.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         bail!(
-            "--backend cuda: no CUDA driver (libcuda.so) found on this machine; use --backend flex"
+            "--backend {}: no CUDA driver (libcuda.so) found on this machine; use --backend flex",
+            args.backend
         );
     }
-    run::<burn::backend::Autodiff<burn::backend::Cuda>>(args, config, Default::default())
+    train::cuda_setup::keep_autotune_results();
+    if args.backend == "cuda-raw" {
+        run::<burn::backend::Autodiff<burn_dist::CudaRaw>>(args, config, Default::default())
+    } else {
+        run::<burn::backend::Autodiff<burn_dist::CudaFused>>(args, config, Default::default())
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run_cuda(_args: &Args, _config: &ResNetConfig) -> anyhow::Result<()> {
-    bail!("--backend cuda: this binary was built without the `cuda` feature")
+fn run_cuda(args: &Args, _config: &ResNetConfig) -> anyhow::Result<()> {
+    bail!(
+        "--backend {}: this binary was built without the `cuda` feature; rebuild with it or use \
+         --backend flex",
+        args.backend
+    )
 }
 
 fn run<B: AutodiffBackend>(
@@ -152,9 +185,11 @@ fn run<B: AutodiffBackend>(
     let fed_ips = fed.map(|t| ips(t.step));
     if args.json {
         println!(
-            "{{\"model\":\"{}\",\"backend\":\"{}\",\"batch\":{},\"image_size\":{},\"fwd_bwd_img_per_sec\":{:.3},\"step_img_per_sec\":{:.3},\"step_with_data_img_per_sec\":{}}}",
+            "{{\"model\":\"{}\",\"backend\":\"{}\",\"conv\":\"{}\",\"amp\":\"{}\",\"batch\":{},\"image_size\":{},\"fwd_bwd_img_per_sec\":{:.3},\"step_img_per_sec\":{:.3},\"step_with_data_img_per_sec\":{}}}",
             args.model,
             args.backend,
+            args.conv,
+            args.amp,
             args.batch,
             args.image_size,
             ips(fixed.fwd_bwd),
@@ -163,12 +198,13 @@ fn run<B: AutodiffBackend>(
         );
     } else {
         println!(
-            "# model      backend  batch  size  fwd+bwd(img/s)  step(img/s)  step(ms)  step+data(img/s)"
+            "# model      backend  conv  batch  size  fwd+bwd(img/s)  step(img/s)  step(ms)  step+data(img/s)"
         );
         println!(
-            "  {:<10} {:<8} {:>5} {:>5} {:>15.2} {:>12.2} {:>9.1} {:>17}",
+            "  {:<10} {:<8} {:<4} {:>5} {:>5} {:>15.2} {:>12.2} {:>9.1} {:>17}",
             args.model,
             args.backend,
+            args.conv,
             args.batch,
             args.image_size,
             ips(fixed.fwd_bwd),

@@ -1,0 +1,456 @@
+//! 2-D convolution and its two gradients on the CPU, on contiguous NCHW `f32` slices: im2col +
+//! GEMM forward, GEMM + col2im input gradient, and a weight gradient that is one GEMM per chunk of
+//! images, `dW[Co, K] += dY[Co, cols] · col(x)ᵀ[cols, K]` (K = Ci·kh·kw), accumulated in place.
+//!
+//! Images are processed in chunks whose column matrix stays under [`MAX_COL_ELEMS`] (never a full
+//! im2col of a batch), and chunks are wide enough ([`TARGET_COLS`]) that the GEMMs stay efficient
+//! when the spatial size is small (ResNet's last stage at 32 px is 1×1). Disjoint groups of images
+//! run in parallel over rayon; a batch of one gives its threads to the GEMM instead.
+//!
+//! Groups = 1 only (the caller falls back to Burn's op otherwise); any stride, padding, dilation.
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+/// Columns (images × output pixels) per GEMM that keep the micro-kernels busy.
+const TARGET_COLS: usize = 512;
+/// Upper bound on one chunk's column matrix, in `f32`s (16 MiB), per parallel task.
+const MAX_COL_ELEMS: usize = 4 << 20;
+
+/// Shapes and options of one convolution (NCHW, weight `[Co, Ci, kh, kw]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    pub batch: usize,
+    pub c_in: usize,
+    pub height: usize,
+    pub width: usize,
+    pub c_out: usize,
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub out: [usize; 2],
+}
+
+impl Geometry {
+    /// `None` when the output would be empty (the caller falls back to Burn's op, which reports it).
+    pub fn new(
+        x: [usize; 4],
+        weight: [usize; 4],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+    ) -> Option<Self> {
+        let out_dim = |i: usize| -> Option<usize> {
+            let span = dilation[i] * (weight[2 + i].checked_sub(1)?) + 1;
+            let padded = x[2 + i] + 2 * padding[i];
+            (padded >= span && stride[i] > 0).then(|| (padded - span) / stride[i] + 1)
+        };
+        let out = [out_dim(0)?, out_dim(1)?];
+        Some(Self {
+            batch: x[0],
+            c_in: x[1],
+            height: x[2],
+            width: x[3],
+            c_out: weight[0],
+            kernel: [weight[2], weight[3]],
+            stride,
+            padding,
+            dilation,
+            out,
+        })
+    }
+
+    /// Rows of the column matrix: Ci·kh·kw.
+    fn k(&self) -> usize {
+        self.c_in * self.kernel[0] * self.kernel[1]
+    }
+
+    /// Output pixels per image.
+    fn pixels(&self) -> usize {
+        self.out[0] * self.out[1]
+    }
+
+    fn image_len(&self) -> usize {
+        self.c_in * self.height * self.width
+    }
+
+    fn out_image_len(&self) -> usize {
+        self.c_out * self.pixels()
+    }
+
+    /// Images per GEMM: wide enough for the kernels, within the memory bound, and at most the
+    /// group's size.
+    fn chunk(&self, group_len: usize) -> usize {
+        let per_image = (self.k() * self.pixels()).max(1);
+        let wide = TARGET_COLS.div_ceil(self.pixels().max(1));
+        let fits = (MAX_COL_ELEMS / per_image).max(1);
+        wide.min(fits).clamp(1, group_len.max(1))
+    }
+
+    /// Contiguous image ranges run as parallel tasks, and the GEMM parallelism inside each.
+    fn plan(&self) -> (Vec<std::ops::Range<usize>>, Parallelism) {
+        let threads = rayon::current_num_threads().max(1);
+        let groups = threads.min(self.batch).max(1);
+        let per = self.batch.div_ceil(groups);
+        let ranges = (0..groups)
+            .map(|g| (g * per).min(self.batch)..((g + 1) * per).min(self.batch))
+            .filter(|r| !r.is_empty())
+            .collect::<Vec<_>>();
+        let inner = if ranges.len() > 1 || threads == 1 {
+            Parallelism::None
+        } else {
+            Parallelism::Rayon(threads)
+        };
+        (ranges, inner)
+    }
+}
+
+/// Writes the column matrix of images `x` (`nb` images) into `col` laid out `[K, nb·P]`.
+fn im2col(g: &Geometry, x: &[f32], nb: usize, col: &mut [f32]) {
+    let [kh, kw] = g.kernel;
+    let [ho, wo] = g.out;
+    let p = g.pixels();
+    let cols = nb * p;
+    for c in 0..g.c_in {
+        for ki in 0..kh {
+            for kj in 0..kw {
+                let row = (c * kh + ki) * kw + kj;
+                let dst_row = &mut col[row * cols..(row + 1) * cols];
+                for b in 0..nb {
+                    let plane =
+                        &x[b * g.image_len() + c * g.height * g.width..][..g.height * g.width];
+                    let dst = &mut dst_row[b * p..(b + 1) * p];
+                    for oy in 0..ho {
+                        let out_row = &mut dst[oy * wo..(oy + 1) * wo];
+                        let iy = (oy * g.stride[0] + ki * g.dilation[0]) as isize
+                            - g.padding[0] as isize;
+                        if iy < 0 || iy >= g.height as isize {
+                            out_row.fill(0.0);
+                            continue;
+                        }
+                        let src = &plane[iy as usize * g.width..][..g.width];
+                        let x0 = (kj * g.dilation[1]) as isize - g.padding[1] as isize;
+                        let (lo, hi) = valid_range(x0, g.stride[1], g.width, wo);
+                        out_row[..lo].fill(0.0);
+                        out_row[hi..].fill(0.0);
+                        if g.stride[1] == 1 {
+                            let start = (x0 + lo as isize) as usize;
+                            out_row[lo..hi].copy_from_slice(&src[start..start + hi - lo]);
+                        } else {
+                            for (ox, v) in out_row[lo..hi].iter_mut().enumerate() {
+                                *v = src[(x0 + ((lo + ox) * g.stride[1]) as isize) as usize];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The output columns `lo..hi` whose input column `x0 + ox·stride` lies inside `0..width`.
+fn valid_range(x0: isize, stride: usize, width: usize, out: usize) -> (usize, usize) {
+    let s = stride as isize;
+    let lo = if x0 >= 0 {
+        0
+    } else {
+        ((-x0 + s - 1) / s) as usize
+    };
+    let last = width as isize - 1 - x0;
+    let hi = if last < 0 { 0 } else { (last / s + 1) as usize };
+    let hi = hi.min(out);
+    (lo.min(hi), hi)
+}
+
+/// Adds the column matrix `col` (`[K, nb·P]`) back into the images `dx` (`nb` images, zeroed by
+/// the caller): the adjoint of [`im2col`].
+fn col2im(g: &Geometry, col: &[f32], nb: usize, dx: &mut [f32]) {
+    let [kh, kw] = g.kernel;
+    let [ho, wo] = g.out;
+    let p = g.pixels();
+    let cols = nb * p;
+    for c in 0..g.c_in {
+        for ki in 0..kh {
+            for kj in 0..kw {
+                let row = (c * kh + ki) * kw + kj;
+                let src_row = &col[row * cols..(row + 1) * cols];
+                for b in 0..nb {
+                    let plane =
+                        &mut dx[b * g.image_len() + c * g.height * g.width..][..g.height * g.width];
+                    let src = &src_row[b * p..(b + 1) * p];
+                    for oy in 0..ho {
+                        let iy = (oy * g.stride[0] + ki * g.dilation[0]) as isize
+                            - g.padding[0] as isize;
+                        if iy < 0 || iy >= g.height as isize {
+                            continue;
+                        }
+                        let dst = &mut plane[iy as usize * g.width..][..g.width];
+                        let x0 = (kj * g.dilation[1]) as isize - g.padding[1] as isize;
+                        let (lo, hi) = valid_range(x0, g.stride[1], g.width, wo);
+                        let src = &src[oy * wo + lo..oy * wo + hi];
+                        if g.stride[1] == 1 {
+                            let start = (x0 + lo as isize) as usize;
+                            for (d, v) in dst[start..start + src.len()].iter_mut().zip(src) {
+                                *d += v;
+                            }
+                        } else {
+                            for (ox, v) in src.iter().enumerate() {
+                                dst[(x0 + ((lo + ox) * g.stride[1]) as isize) as usize] += v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A row-major matrix view for [`matmul`]: element `(i, j)` at `ptr[i·rs + j·cs]`.
+#[derive(Clone, Copy)]
+struct Mat<T> {
+    ptr: T,
+    rs: isize,
+    cs: isize,
+}
+
+fn rows(data: &[f32], row_stride: usize) -> Mat<*const f32> {
+    Mat {
+        ptr: data.as_ptr(),
+        rs: row_stride as isize,
+        cs: 1,
+    }
+}
+
+fn transposed(data: &[f32], row_stride: usize) -> Mat<*const f32> {
+    Mat {
+        ptr: data.as_ptr(),
+        rs: 1,
+        cs: row_stride as isize,
+    }
+}
+
+/// `dst[m, n] (+)= lhs[m, k] · rhs[k, n]`, `dst` row-major with `n` columns; `accumulate` adds to
+/// what `dst` holds.
+///
+/// # Safety
+/// `lhs` and `rhs` must address `m×k` and `k×n` elements inside live allocations with their
+/// strides, and must not overlap `dst`.
+unsafe fn matmul(
+    [m, k, n]: [usize; 3],
+    dst: &mut [f32],
+    accumulate: bool,
+    lhs: Mat<*const f32>,
+    rhs: Mat<*const f32>,
+    parallelism: Parallelism,
+) {
+    assert!(dst.len() >= m * n, "matmul: destination too small");
+    // SAFETY: `dst` holds `m×n` elements (checked above) in row-major order; the caller vouches
+    // for `lhs` and `rhs`. gemm computes dst := 1·dst + 1·lhs·rhs when reading dst, else lhs·rhs.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.ptr,
+            lhs.cs,
+            lhs.rs,
+            rhs.ptr,
+            rhs.cs,
+            rhs.rs,
+            1.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+/// Copies `nb` images of `[C, P]` into one `[C, nb·P]` matrix.
+fn gather(images: &[f32], wide: &mut [f32], channels: usize, p: usize, nb: usize) {
+    for b in 0..nb {
+        for c in 0..channels {
+            wide[c * nb * p + b * p..][..p].copy_from_slice(&images[(b * channels + c) * p..][..p]);
+        }
+    }
+}
+
+/// The inverse of [`gather`].
+fn scatter(wide: &[f32], images: &mut [f32], channels: usize, p: usize, nb: usize) {
+    for b in 0..nb {
+        for c in 0..channels {
+            images[(b * channels + c) * p..][..p].copy_from_slice(&wide[c * nb * p + b * p..][..p]);
+        }
+    }
+}
+
+/// Forward: `y[n] = W · col(x[n]) (+ bias)`.
+///
+/// # Shapes
+/// - `x`: `[N, Ci, H, W]`, `weight`: `[Co, Ci, kh, kw]`, `bias`: `[Co]`
+/// - returns `[N, Co, Ho, Wo]`
+pub(crate) fn forward(g: &Geometry, x: &[f32], weight: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
+    let (k, p) = (g.k(), g.pixels());
+    let mut y = vec![0.0f32; g.batch * g.out_image_len()];
+    let (ranges, inner) = g.plan();
+    let mut outputs = split_by_ranges(&mut y, &ranges, g.out_image_len());
+    outputs
+        .par_iter_mut()
+        .zip(ranges.par_iter())
+        .for_each(|(y, range)| {
+            let nb_max = g.chunk(range.len());
+            let mut col = vec![0.0f32; k * nb_max * p];
+            let mut wide = vec![0.0f32; g.c_out * nb_max * p];
+            for start in range.clone().step_by(nb_max) {
+                let nb = nb_max.min(range.end - start);
+                let cols = nb * p;
+                let x = &x[start * g.image_len()..][..nb * g.image_len()];
+                im2col(g, x, nb, &mut col[..k * cols]);
+                // SAFETY: weight is [Co, K] and col [K, cols], both inside their slices.
+                unsafe {
+                    matmul(
+                        [g.c_out, k, cols],
+                        &mut wide[..g.c_out * cols],
+                        false,
+                        rows(weight, k),
+                        rows(&col, cols),
+                        inner,
+                    );
+                }
+                let y =
+                    &mut y[(start - range.start) * g.out_image_len()..][..nb * g.out_image_len()];
+                scatter(&wide[..g.c_out * cols], y, g.c_out, p, nb);
+                if let Some(bias) = bias {
+                    for (plane, b) in y.chunks_mut(p).zip(bias.iter().cycle()) {
+                        plane.iter_mut().for_each(|v| *v += b);
+                    }
+                }
+            }
+        });
+    y
+}
+
+/// Input gradient: `dx[n] = col2im(Wᵀ · dy[n])`.
+///
+/// # Shapes
+/// - `weight`: `[Co, Ci, kh, kw]`, `dy`: `[N, Co, Ho, Wo]`
+/// - returns `[N, Ci, H, W]`
+pub(crate) fn input_grad(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    let (k, p) = (g.k(), g.pixels());
+    let mut dx = vec![0.0f32; g.batch * g.image_len()];
+    let (ranges, inner) = g.plan();
+    let mut outputs = split_by_ranges(&mut dx, &ranges, g.image_len());
+    outputs
+        .par_iter_mut()
+        .zip(ranges.par_iter())
+        .for_each(|(dx, range)| {
+            let nb_max = g.chunk(range.len());
+            let mut col = vec![0.0f32; k * nb_max * p];
+            let mut wide = vec![0.0f32; g.c_out * nb_max * p];
+            for start in range.clone().step_by(nb_max) {
+                let nb = nb_max.min(range.end - start);
+                let cols = nb * p;
+                let dy = &dy[start * g.out_image_len()..][..nb * g.out_image_len()];
+                gather(dy, &mut wide[..g.c_out * cols], g.c_out, p, nb);
+                // SAFETY: Wᵀ is [K, Co] (weight read with swapped strides), wide [Co, cols].
+                unsafe {
+                    matmul(
+                        [k, g.c_out, cols],
+                        &mut col[..k * cols],
+                        false,
+                        transposed(weight, k),
+                        rows(&wide, cols),
+                        inner,
+                    );
+                }
+                let dx = &mut dx[(start - range.start) * g.image_len()..][..nb * g.image_len()];
+                col2im(g, &col[..k * cols], nb, dx);
+            }
+        });
+    dx
+}
+
+/// Weight gradient: `dW = Σ_chunks dy[Co, cols] · col(x)ᵀ[cols, K]`, one partial per parallel
+/// task, summed at the end.
+///
+/// # Shapes
+/// - `x`: `[N, Ci, H, W]`, `dy`: `[N, Co, Ho, Wo]`
+/// - returns `[Co, Ci, kh, kw]`
+pub(crate) fn weight_grad(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    let (k, p) = (g.k(), g.pixels());
+    let (ranges, inner) = g.plan();
+    let partials = ranges
+        .par_iter()
+        .map(|range| {
+            let nb_max = g.chunk(range.len());
+            let mut dw = vec![0.0f32; g.c_out * k];
+            let mut col = vec![0.0f32; k * nb_max * p];
+            let mut wide = vec![0.0f32; g.c_out * nb_max * p];
+            for (i, start) in range.clone().step_by(nb_max).enumerate() {
+                let nb = nb_max.min(range.end - start);
+                let cols = nb * p;
+                im2col(
+                    g,
+                    &x[start * g.image_len()..][..nb * g.image_len()],
+                    nb,
+                    &mut col[..k * cols],
+                );
+                let dy = &dy[start * g.out_image_len()..][..nb * g.out_image_len()];
+                gather(dy, &mut wide[..g.c_out * cols], g.c_out, p, nb);
+                // SAFETY: wide is [Co, cols]; colᵀ is [cols, K] (col read with swapped strides).
+                unsafe {
+                    matmul(
+                        [g.c_out, cols, k],
+                        &mut dw,
+                        i > 0,
+                        rows(&wide, cols),
+                        transposed(&col, cols),
+                        inner,
+                    );
+                }
+            }
+            dw
+        })
+        .collect::<Vec<_>>();
+    let mut partials = partials.into_iter();
+    let mut dw = partials.next().unwrap_or_else(|| vec![0.0; g.c_out * k]);
+    for partial in partials {
+        dw.iter_mut().zip(partial).for_each(|(a, b)| *a += b);
+    }
+    dw
+}
+
+/// Bias gradient: `db[c] = Σ_{n, pixels} dy[n, c]`.
+pub(crate) fn bias_grad(g: &Geometry, dy: &[f32]) -> Vec<f32> {
+    let p = g.pixels();
+    (0..g.c_out)
+        .into_par_iter()
+        .map(|c| {
+            (0..g.batch)
+                .map(|n| dy[(n * g.c_out + c) * p..][..p].iter().sum::<f32>())
+                .sum()
+        })
+        .collect()
+}
+
+/// Splits `data` into the disjoint slices of `ranges` (in images of `item` elements).
+fn split_by_ranges<'a>(
+    mut data: &'a mut [f32],
+    ranges: &[std::ops::Range<usize>],
+    item: usize,
+) -> Vec<&'a mut [f32]> {
+    ranges
+        .iter()
+        .map(|r| {
+            let (head, tail) = std::mem::take(&mut data).split_at_mut(r.len() * item);
+            data = tail;
+            head
+        })
+        .collect()
+}

@@ -1,0 +1,313 @@
+//! Burn's CUDA backends (with and without fusion) implement [`ConvBackend`] with cuDNN
+//! ([`super::cudnn`]); when `libcudnn` cannot be loaded, or for a case cuDNN is not used for
+//! (groups ≠ 1, not f32), they keep Burn's own conv, saying so once.
+
+use std::sync::Once;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::{ConvOptions, FloatTensor, FloatTensorOps, ModuleOps};
+use burn::tensor::{DType, FloatDType, Shape, TensorMetadata};
+use burn_cubecl::CubeBackend;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::cuda::CudaRuntime;
+
+use super::ConvBackend;
+use super::cpu::Geometry;
+use super::cudnn::{self, Pass, Pointers, Problem};
+
+/// Burn's CUDA backend without fusion (the same type as `burn_dist::CudaRaw`).
+pub(crate) type CudaRaw = CubeBackend<CudaRuntime, f32, i32, u8>;
+/// Burn's CUDA backend with fusion (`burn::backend::Cuda` in this workspace).
+pub(crate) type CudaFused = burn_fusion::Fusion<CudaRaw>;
+
+/// A CUDA backend whose float tensors can be turned into a `CubeTensor` and back.
+pub(crate) trait CubeAccess: Backend {
+    /// The tensor's `CubeTensor`, after every queued op that writes it has been launched.
+    fn into_cube(tensor: Self::FloatTensorPrimitive) -> CubeTensor<CudaRuntime>;
+    /// The backend's tensor for a `CubeTensor` on `device`.
+    fn from_cube(
+        tensor: CubeTensor<CudaRuntime>,
+        device: &Self::Device,
+    ) -> Self::FloatTensorPrimitive;
+}
+
+impl CubeAccess for CudaRaw {
+    fn into_cube(tensor: Self::FloatTensorPrimitive) -> CubeTensor<CudaRuntime> {
+        tensor
+    }
+    fn from_cube(tensor: CubeTensor<CudaRuntime>, _: &Self::Device) -> Self::FloatTensorPrimitive {
+        tensor
+    }
+}
+
+impl CubeAccess for CudaFused {
+    fn into_cube(tensor: Self::FloatTensorPrimitive) -> CubeTensor<CudaRuntime> {
+        let client = tensor.client.clone();
+        client.resolve_tensor_float::<CudaRaw>(tensor)
+    }
+    fn from_cube(
+        tensor: CubeTensor<CudaRuntime>,
+        device: &Self::Device,
+    ) -> Self::FloatTensorPrimitive {
+        use burn::backend::ir::{BackendIr, InitOperationIr, OperationIr, OperationOutput};
+        let client = burn_fusion::get_client::<CudaRaw>(device);
+        let shape = tensor.meta.shape().clone();
+        let dtype = tensor.dtype;
+        let handle = <CudaRaw as BackendIr>::float_tensor_handle(tensor);
+        let init = InitOperationIr::create(shape, dtype, || client.register_tensor_handle(handle));
+        client
+            .register(
+                burn_fusion::stream::OperationStreams::default(),
+                OperationIr::Init(init),
+                burn_fusion::NoOp::<CudaRaw>::new(),
+            )
+            .output()
+    }
+}
+
+/// Whether cuDNN can be used; the first `false` prints the one line that says why and how to
+/// fix it.
+fn cudnn_ready() -> bool {
+    static SAID: Once = Once::new();
+    match cudnn::unavailable() {
+        None => true,
+        Some(reason) => {
+            SAID.call_once(|| eprintln!("{}", cudnn::fallback_message(reason)));
+            false
+        }
+    }
+}
+
+/// The first cuDNN failure at run time, printed once; that call and later ones fall back.
+fn warn_failure(error: &cudnn::CudnnFailure) {
+    static SAID: Once = Once::new();
+    SAID.call_once(|| {
+        eprintln!(
+            "--conv fast on CUDA: cuDNN failed ({}); falling back to Burn's conv for that call",
+            error.0
+        )
+    });
+}
+
+fn dims4(shape: &Shape) -> Option<[usize; 4]> {
+    (shape.num_dims() == 4).then(|| [shape[0], shape[1], shape[2], shape[3]])
+}
+
+/// The cuDNN problem, when cuDNN takes this case: f32, groups 1, a non-empty output.
+fn problem(x: &Shape, w: &Shape, dtypes: &[DType], options: &ConvOptions<2>) -> Option<Problem> {
+    if options.groups != 1 || dtypes.iter().any(|d| *d != DType::F32) {
+        return None;
+    }
+    let (x, w) = (dims4(x)?, dims4(w)?);
+    if x[1] != w[1] {
+        return None;
+    }
+    let g = Geometry::new(x, w, options.stride, options.padding, options.dilation)?;
+    Some(Problem {
+        x,
+        w,
+        y: [x[0], w[0], g.out[0], g.out[1]],
+        stride: options.stride,
+        padding: options.padding,
+        dilation: options.dilation,
+    })
+}
+
+fn contiguous(t: CubeTensor<CudaRuntime>) -> CubeTensor<CudaRuntime> {
+    burn_cubecl::kernel::into_contiguous(t)
+}
+
+fn address(t: &CubeTensor<CudaRuntime>) -> Result<u64, cudnn::CudnnFailure> {
+    t.client
+        .get_resource(t.handle.clone())
+        .map(|r| r.resource().ptr)
+        .map_err(|e| cudnn::CudnnFailure(format!("reaching a tensor's buffer: {e:?}")))
+}
+
+/// Runs `pass` in place on contiguous `CubeTensor`s (`y` is dy for the gradients).
+fn run_pass(
+    pass: Pass,
+    problem: &Problem,
+    x: &CubeTensor<CudaRuntime>,
+    w: &CubeTensor<CudaRuntime>,
+    y: &CubeTensor<CudaRuntime>,
+) -> Result<(), cudnn::CudnnFailure> {
+    let pointers = Pointers {
+        x: address(x)?,
+        w: address(w)?,
+        y: address(y)?,
+    };
+    // cuDNN runs on its own stream: whatever Burn queued that writes an input must be done.
+    CudaRaw::sync(&x.device)
+        .map_err(|e| cudnn::CudnnFailure(format!("synchronising Burn's work: {e:?}")))?;
+    // SAFETY: the three tensors are contiguous f32 of the problem's shapes on `x.device`
+    // (checked by `problem` and made contiguous by the callers), they are borrowed for the whole
+    // call so cubecl cannot reuse their memory, Burn's work was synchronised above, and the
+    // output is a fresh tensor nothing reads before `run` returns (it synchronises its stream).
+    unsafe { cudnn::run(x.device.index, pass, problem, &pointers) }
+}
+
+fn forward<B: CubeAccess>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    options: ConvOptions<2>,
+) -> FloatTensor<B> {
+    let dtypes = [x.dtype(), weight.dtype()];
+    let Some(p) = problem(&x.shape(), &weight.shape(), &dtypes, &options).filter(|_| cudnn_ready())
+    else {
+        return B::conv2d(x, weight, bias, options);
+    };
+    let device = B::float_device(&x);
+    let (x, w) = (
+        contiguous(B::into_cube(x)),
+        contiguous(B::into_cube(weight)),
+    );
+    let y = CudaRaw::float_empty(Shape::new(p.y), &x.device, FloatDType::F32);
+    let y = match run_pass(Pass::Forward, &p, &x, &w, &y) {
+        Ok(()) => y,
+        Err(e) => {
+            warn_failure(&e);
+            CudaRaw::conv2d(x, w, None, options)
+        }
+    };
+    let y = B::from_cube(y, &device);
+    match bias {
+        Some(bias) => {
+            let bias = B::float_reshape(bias, Shape::new([1, p.y[1], 1, 1]));
+            B::float_add(y, bias)
+        }
+        None => y,
+    }
+}
+
+fn input_grad<B: CubeAccess>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    output_grad: FloatTensor<B>,
+    options: ConvOptions<2>,
+) -> FloatTensor<B> {
+    let dtypes = [x.dtype(), weight.dtype(), output_grad.dtype()];
+    let Some(p) = problem(&x.shape(), &weight.shape(), &dtypes, &options)
+        .filter(|p| dims4(&output_grad.shape()) == Some(p.y) && cudnn_ready())
+    else {
+        return B::conv2d_x_backward(x, weight, output_grad, options);
+    };
+    let device = B::float_device(&x);
+    let x = B::into_cube(x);
+    let (w, dy) = (
+        contiguous(B::into_cube(weight)),
+        contiguous(B::into_cube(output_grad)),
+    );
+    let dx = CudaRaw::float_empty(Shape::new(p.x), &x.device, FloatDType::F32);
+    let dx = match run_pass(Pass::InputGrad, &p, &dx, &w, &dy) {
+        Ok(()) => dx,
+        Err(e) => {
+            warn_failure(&e);
+            CudaRaw::conv2d_x_backward(x, w, dy, options)
+        }
+    };
+    B::from_cube(dx, &device)
+}
+
+fn weight_grad<B: CubeAccess>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    output_grad: FloatTensor<B>,
+    options: ConvOptions<2>,
+) -> FloatTensor<B> {
+    let dtypes = [x.dtype(), weight.dtype(), output_grad.dtype()];
+    let Some(p) = problem(&x.shape(), &weight.shape(), &dtypes, &options)
+        .filter(|p| dims4(&output_grad.shape()) == Some(p.y) && cudnn_ready())
+    else {
+        return B::conv2d_weight_backward(x, weight, output_grad, options);
+    };
+    let device = B::float_device(&x);
+    let w = B::into_cube(weight);
+    let (x, dy) = (
+        contiguous(B::into_cube(x)),
+        contiguous(B::into_cube(output_grad)),
+    );
+    let dw = CudaRaw::float_empty(Shape::new(p.w), &x.device, FloatDType::F32);
+    let dw = match run_pass(Pass::WeightGrad, &p, &x, &dw, &dy) {
+        Ok(()) => dw,
+        Err(e) => {
+            warn_failure(&e);
+            CudaRaw::conv2d_weight_backward(x, w, dy, options)
+        }
+    };
+    B::from_cube(dw, &device)
+}
+
+macro_rules! cudnn_conv_backend {
+    ($backend:ty) => {
+        impl ConvBackend for $backend {
+            fn conv2d_forward(
+                x: FloatTensor<Self>,
+                weight: FloatTensor<Self>,
+                bias: Option<FloatTensor<Self>>,
+                options: ConvOptions<2>,
+            ) -> FloatTensor<Self> {
+                forward::<Self>(x, weight, bias, options)
+            }
+
+            fn conv2d_input_grad(
+                x: FloatTensor<Self>,
+                weight: FloatTensor<Self>,
+                output_grad: FloatTensor<Self>,
+                options: ConvOptions<2>,
+            ) -> FloatTensor<Self> {
+                input_grad::<Self>(x, weight, output_grad, options)
+            }
+
+            fn conv2d_weight_grad(
+                x: FloatTensor<Self>,
+                weight: FloatTensor<Self>,
+                output_grad: FloatTensor<Self>,
+                options: ConvOptions<2>,
+            ) -> FloatTensor<Self> {
+                weight_grad::<Self>(x, weight, output_grad, options)
+            }
+        }
+    };
+}
+
+cudnn_conv_backend!(CudaRaw);
+cudnn_conv_backend!(CudaFused);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a machine without libcudnn (CI, this CPU machine) the probe says so, and the one line
+    /// names the library and the fix; with libcudnn present the probe passes.
+    #[test]
+    fn missing_cudnn_is_reported_with_the_fix() {
+        // SAFETY: only tries to dlopen the library.
+        let present = unsafe { cudarc::cudnn::sys::is_culib_present() };
+        match cudnn::unavailable() {
+            None => assert!(present, "the probe passed without libcudnn"),
+            Some(reason) => {
+                assert!(!present);
+                let line = cudnn::fallback_message(reason);
+                assert!(!line.contains('\n'), "one line: {line}");
+                for needle in ["libcudnn.so.9", "LD_LIBRARY_PATH", "Burn's own kernels"] {
+                    assert!(line.contains(needle), "{needle:?} missing from: {line}");
+                }
+                assert!(!cudnn_ready(), "without libcudnn the CUDA convs fall back");
+            }
+        }
+    }
+
+    #[test]
+    fn cudnn_takes_f32_groups_one_only() {
+        let options = ConvOptions::new([2, 2], [1, 1], [1, 1], 1);
+        let (x, w) = (Shape::new([2, 4, 9, 9]), Shape::new([8, 4, 3, 3]));
+        let p = problem(&x, &w, &[DType::F32, DType::F32], &options).expect("a cuDNN case");
+        assert_eq!(p.y, [2, 8, 5, 5]);
+        assert!(problem(&x, &w, &[DType::F16, DType::F32], &options).is_none());
+        let grouped = ConvOptions::new([1, 1], [1, 1], [1, 1], 2);
+        let w2 = Shape::new([8, 2, 3, 3]);
+        assert!(problem(&x, &w2, &[DType::F32, DType::F32], &grouped).is_none());
+    }
+}

@@ -1,0 +1,405 @@
+//! cuDNN convolutions on raw device pointers, one handle per thread.
+//!
+//! `libcudnn` is loaded at run time by cudarc. Stream ordering: Burn's compute stream is not
+//! reachable from outside cubecl, so each call waits for the device (the caller syncs Burn's
+//! work), runs cuDNN on a stream of its own in the primary context that cubecl also uses, and
+//! synchronises that stream before handing the output back. That costs one device round trip
+//! per conv call (three per conv per step), which is the price of not sharing Burn's stream.
+//!
+//! Math: strict fp32 (`CUDNN_FMA_MATH`) by default, so results match Burn's conv to float
+//! rounding; `BURN_HOROVOD_CUDNN_TF32=1` allows TF32 tensor cores (PyTorch's default for convs).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::sync::{Arc, OnceLock};
+
+use cudarc::cudnn::{result as dnn, sys};
+use cudarc::driver::{CudaContext, CudaStream};
+
+/// The largest workspace an algorithm may ask for.
+const WORKSPACE_LIMIT: usize = 1 << 30;
+
+/// Which of the three convolutions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Pass {
+    Forward,
+    InputGrad,
+    WeightGrad,
+}
+
+/// Shapes and options of one call: x `[N, Ci, H, W]`, w `[Co, Ci, kh, kw]`, y `[N, Co, Ho, Wo]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Problem {
+    pub x: [usize; 4],
+    pub w: [usize; 4],
+    pub y: [usize; 4],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+}
+
+/// Device addresses of one call's tensors (contiguous f32, NCHW).
+pub(crate) struct Pointers {
+    pub x: u64,
+    pub w: u64,
+    pub y: u64,
+}
+
+/// Why cuDNN cannot run here, or `None` if it can: probed once per process.
+pub(crate) fn unavailable() -> Option<&'static str> {
+    static PROBE: OnceLock<Option<String>> = OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            // SAFETY: only tries to dlopen the library; calls nothing in it.
+            if !unsafe { sys::is_culib_present() } {
+                return Some("libcudnn could not be loaded".to_string());
+            }
+            None
+        })
+        .as_deref()
+}
+
+/// The one line printed when cuDNN is missing.
+pub(crate) fn fallback_message(reason: &str) -> String {
+    format!(
+        "--conv fast on CUDA: {reason}, so convs use Burn's own kernels; to use cuDNN, install \
+         cuDNN 9 (e.g. `pip install nvidia-cudnn-cu12`) and put the directory that holds \
+         `libcudnn.so.9` (for pip: site-packages/nvidia/cudnn/lib) on LD_LIBRARY_PATH"
+    )
+}
+
+/// A cuDNN failure, with the call that failed.
+#[derive(Debug)]
+pub(crate) struct CudnnFailure(pub String);
+
+fn fail<E: std::fmt::Debug>(what: &str) -> impl Fn(E) -> CudnnFailure + '_ {
+    move |e| CudnnFailure(format!("{what}: {e:?}"))
+}
+
+struct Workspace {
+    ptr: u64,
+    bytes: usize,
+}
+
+struct State {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    handle: sys::cudnnHandle_t,
+    workspace: Workspace,
+    algos: HashMap<(Pass, Problem), (Algo, usize)>,
+}
+
+impl State {
+    fn new(device: usize) -> Result<Self, CudnnFailure> {
+        let ctx = CudaContext::new(device).map_err(fail("retaining the CUDA context"))?;
+        ctx.bind_to_thread()
+            .map_err(fail("binding the CUDA context"))?;
+        let stream = ctx.new_stream().map_err(fail("creating a stream"))?;
+        let handle = dnn::create_handle().map_err(fail("cudnnCreate"))?;
+        // SAFETY: `handle` was just created and the stream belongs to the bound context.
+        unsafe { dnn::set_stream(handle, stream.cu_stream() as sys::cudaStream_t) }
+            .map_err(fail("cudnnSetStream"))?;
+        Ok(Self {
+            ctx,
+            stream,
+            handle,
+            workspace: Workspace { ptr: 0, bytes: 0 },
+            algos: HashMap::new(),
+        })
+    }
+
+    fn workspace(&mut self, bytes: usize) -> Result<u64, CudnnFailure> {
+        if bytes > self.workspace.bytes {
+            if self.workspace.ptr != 0 {
+                // SAFETY: allocated below by `malloc_sync`, and no launch uses it: every call
+                // synchronises its stream before returning.
+                unsafe { cudarc::driver::result::free_sync(self.workspace.ptr) }
+                    .map_err(fail("freeing the workspace"))?;
+                self.workspace = Workspace { ptr: 0, bytes: 0 };
+            }
+            // SAFETY: the context is bound to this thread (see `run`).
+            let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes) }
+                .map_err(fail("allocating the workspace"))?;
+            self.workspace = Workspace { ptr, bytes };
+        }
+        Ok(self.workspace.ptr)
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        if self.workspace.ptr != 0 {
+            // SAFETY: our allocation; nothing runs on it (every call synchronised).
+            let _ = unsafe { cudarc::driver::result::free_sync(self.workspace.ptr) };
+        }
+        // SAFETY: created in `new`, destroyed once.
+        let _ = unsafe { dnn::destroy_handle(self.handle) };
+    }
+}
+
+thread_local! {
+    static STATES: RefCell<HashMap<usize, State>> = RefCell::new(HashMap::new());
+}
+
+/// An algorithm as cuDNN names it for its pass.
+#[derive(Debug, Clone, Copy)]
+enum Algo {
+    Forward(sys::cudnnConvolutionFwdAlgo_t),
+    InputGrad(sys::cudnnConvolutionBwdDataAlgo_t),
+    WeightGrad(sys::cudnnConvolutionBwdFilterAlgo_t),
+}
+
+/// Descriptors of one problem, destroyed on drop.
+struct Descriptors {
+    x: sys::cudnnTensorDescriptor_t,
+    y: sys::cudnnTensorDescriptor_t,
+    w: sys::cudnnFilterDescriptor_t,
+    conv: sys::cudnnConvolutionDescriptor_t,
+}
+
+fn dims(d: [usize; 4]) -> Result<[c_int; 4], CudnnFailure> {
+    let mut out = [0; 4];
+    for (o, v) in out.iter_mut().zip(d) {
+        *o = c_int::try_from(v).map_err(|_| CudnnFailure(format!("dimension {v} too large")))?;
+    }
+    Ok(out)
+}
+
+impl Descriptors {
+    fn new(p: &Problem) -> Result<Self, CudnnFailure> {
+        let f32_ = sys::cudnnDataType_t::CUDNN_DATA_FLOAT;
+        let nchw = sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
+        let d = Self {
+            x: dnn::create_tensor_descriptor().map_err(fail("tensor descriptor"))?,
+            y: dnn::create_tensor_descriptor().map_err(fail("tensor descriptor"))?,
+            w: dnn::create_filter_descriptor().map_err(fail("filter descriptor"))?,
+            conv: dnn::create_convolution_descriptor().map_err(fail("conv descriptor"))?,
+        };
+        let [ph, pw] = [p.padding[0] as c_int, p.padding[1] as c_int];
+        let [sh, sw] = [p.stride[0] as c_int, p.stride[1] as c_int];
+        let [dh, dw] = [p.dilation[0] as c_int, p.dilation[1] as c_int];
+        let tf32 = std::env::var("BURN_HOROVOD_CUDNN_TF32").is_ok_and(|v| v == "1");
+        let math = if tf32 {
+            sys::cudnnMathType_t::CUDNN_DEFAULT_MATH
+        } else {
+            sys::cudnnMathType_t::CUDNN_FMA_MATH
+        };
+        // SAFETY: all four descriptors were created above and are set once each.
+        unsafe {
+            dnn::set_tensor4d_descriptor(d.x, nchw, f32_, dims(p.x)?).map_err(fail("x desc"))?;
+            dnn::set_tensor4d_descriptor(d.y, nchw, f32_, dims(p.y)?).map_err(fail("y desc"))?;
+            dnn::set_filter4d_descriptor(d.w, f32_, nchw, dims(p.w)?).map_err(fail("w desc"))?;
+            dnn::set_convolution2d_descriptor(
+                d.conv,
+                ph,
+                pw,
+                sh,
+                sw,
+                dh,
+                dw,
+                sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                f32_,
+            )
+            .map_err(fail("conv desc"))?;
+            dnn::set_convolution_math_type(d.conv, math).map_err(fail("math type"))?;
+        }
+        Ok(d)
+    }
+}
+
+impl Drop for Descriptors {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once.
+        unsafe {
+            let _ = dnn::destroy_tensor_descriptor(self.x);
+            let _ = dnn::destroy_tensor_descriptor(self.y);
+            let _ = dnn::destroy_filter_descriptor(self.w);
+            let _ = dnn::destroy_convolution_descriptor(self.conv);
+        }
+    }
+}
+
+/// The first algorithm cuDNN's heuristics rank that works within [`WORKSPACE_LIMIT`], and its
+/// workspace in bytes.
+fn choose(
+    handle: sys::cudnnHandle_t,
+    pass: Pass,
+    d: &Descriptors,
+) -> Result<(Algo, usize), CudnnFailure> {
+    const N: usize = 8;
+    let mut count: c_int = 0;
+    let ok = sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
+    // SAFETY: the perf arrays hold N entries, as requested; handle and descriptors are live.
+    // cuDNN fills `count` entries, and the all-zero bit pattern of each plain C struct is valid.
+    let ranked: Vec<(Algo, usize)> = unsafe {
+        match pass {
+            Pass::Forward => {
+                let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>(); N];
+                dnn::get_convolution_forward_algorithm(
+                    handle,
+                    d.x,
+                    d.w,
+                    d.conv,
+                    d.y,
+                    N as c_int,
+                    &mut count,
+                    perf.as_mut_ptr(),
+                )
+                .map_err(fail("choosing the forward algorithm"))?;
+                perf[..count as usize]
+                    .iter()
+                    .filter(|p| p.status == ok)
+                    .map(|p| (Algo::Forward(p.algo), p.memory))
+                    .collect()
+            }
+            Pass::InputGrad => {
+                let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(); N];
+                dnn::get_convolution_backward_data_algorithm(
+                    handle,
+                    d.w,
+                    d.y,
+                    d.conv,
+                    d.x,
+                    N as c_int,
+                    &mut count,
+                    perf.as_mut_ptr(),
+                )
+                .map_err(fail("choosing the backward-data algorithm"))?;
+                perf[..count as usize]
+                    .iter()
+                    .filter(|p| p.status == ok)
+                    .map(|p| (Algo::InputGrad(p.algo), p.memory))
+                    .collect()
+            }
+            Pass::WeightGrad => {
+                let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(); N];
+                dnn::get_convolution_backward_filter_algorithm(
+                    handle,
+                    d.x,
+                    d.y,
+                    d.conv,
+                    d.w,
+                    N as c_int,
+                    &mut count,
+                    perf.as_mut_ptr(),
+                )
+                .map_err(fail("choosing the backward-filter algorithm"))?;
+                perf[..count as usize]
+                    .iter()
+                    .filter(|p| p.status == ok)
+                    .map(|p| (Algo::WeightGrad(p.algo), p.memory))
+                    .collect()
+            }
+        }
+    };
+    ranked
+        .into_iter()
+        .find(|(_, bytes)| *bytes <= WORKSPACE_LIMIT)
+        .ok_or_else(|| {
+            CudnnFailure(format!(
+                "no {pass:?} algorithm fits {WORKSPACE_LIMIT} bytes"
+            ))
+        })
+}
+
+/// Runs one pass on `device`: forward writes `y`, input grad writes `x` (from `w`, `y` = dy),
+/// weight grad writes `w` (from `x`, `y` = dy). Returns once the result is on the device.
+///
+/// # Safety
+/// The pointers are contiguous f32 buffers of the problem's shapes on `device`, alive until this
+/// returns, every kernel that writes the inputs has finished (the caller synchronised Burn's
+/// work), and nothing reads the output before this returns.
+pub(crate) unsafe fn run(
+    device: usize,
+    pass: Pass,
+    problem: &Problem,
+    ptr: &Pointers,
+) -> Result<(), CudnnFailure> {
+    STATES.with(|states| {
+        let mut states = states.borrow_mut();
+        let state = match states.entry(device) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(State::new(device)?),
+        };
+        state
+            .ctx
+            .bind_to_thread()
+            .map_err(fail("binding the CUDA context"))?;
+        let d = Descriptors::new(problem)?;
+        let (algo, bytes) = match state.algos.get(&(pass, *problem)) {
+            Some(choice) => *choice,
+            None => {
+                let choice = choose(state.handle, pass, &d)?;
+                state.algos.insert((pass, *problem), choice);
+                choice
+            }
+        };
+        let workspace = state.workspace(bytes.max(1))? as *mut c_void;
+        let (one, zero) = (1.0f32, 0.0f32);
+        let alpha = &one as *const f32 as *const c_void;
+        let beta = &zero as *const f32 as *const c_void;
+        let (x, w, y) = (
+            ptr.x as *mut c_void,
+            ptr.w as *mut c_void,
+            ptr.y as *mut c_void,
+        );
+        // SAFETY: the caller vouches for the buffers; descriptors describe them; the algorithm
+        // value came from cuDNN for this pass; the workspace holds at least `bytes`.
+        unsafe {
+            match algo {
+                Algo::Forward(algo) => dnn::convolution_forward(
+                    state.handle,
+                    alpha,
+                    d.x,
+                    x,
+                    d.w,
+                    w,
+                    d.conv,
+                    algo,
+                    workspace,
+                    bytes,
+                    beta,
+                    d.y,
+                    y,
+                ),
+                Algo::InputGrad(algo) => dnn::convolution_backward_data(
+                    state.handle,
+                    alpha,
+                    d.w,
+                    w,
+                    d.y,
+                    y,
+                    d.conv,
+                    algo,
+                    workspace,
+                    bytes,
+                    beta,
+                    d.x,
+                    x,
+                ),
+                Algo::WeightGrad(algo) => dnn::convolution_backward_filter(
+                    state.handle,
+                    alpha,
+                    d.x,
+                    x,
+                    d.y,
+                    y,
+                    d.conv,
+                    algo,
+                    workspace,
+                    bytes,
+                    beta,
+                    d.w,
+                    w,
+                ),
+            }
+        }
+        .map_err(fail("launching the convolution"))?;
+        state
+            .stream
+            .synchronize()
+            .map_err(fail("synchronising the cuDNN stream"))
+    })
+}
