@@ -63,4 +63,4 @@ pub use sync::optimizer::{
 };
 pub use sync::tensor::{CollectiveBackend, Compression, host_all_reduce, host_broadcast};
 #[cfg(feature = "cuda")]
-pub use sync::tensor::{CudaFused, CudaRaw};
+pub use sync::tensor::{CubeAccess, CudaFused, CudaRaw};

@@ -21,8 +21,9 @@ pub type CudaRaw = CubeBackend<CudaRuntime, f32, i32, u8>;
 /// Burn's CUDA backend with fusion (what `burn::backend::Cuda` is in this workspace).
 pub type CudaFused = burn_fusion::Fusion<CudaRaw>;
 
-/// A CUDA backend whose float tensors can be turned into a `CubeTensor` and back.
-pub(crate) trait CubeAccess: Backend {
+/// A CUDA backend whose float tensors can be turned into a `CubeTensor` and back: how the NCCL
+/// path here and the cuDNN conv in `models` reach raw device buffers, with or without fusion.
+pub trait CubeAccess: Backend {
     /// The tensor's `CubeTensor`, after every queued op that writes it has been launched.
     fn into_cube(tensor: Self::FloatTensorPrimitive) -> CubeTensor<CudaRuntime>;
     /// The backend's tensor for a `CubeTensor` on `device`.

@@ -171,4 +171,4 @@ impl<B: CollectiveBackend> CollectiveBackend for burn::backend::Autodiff<B> {
 }
 
 #[cfg(feature = "cuda")]
-pub use crate::sync::cuda_tensor::{CudaFused, CudaRaw};
+pub use crate::sync::cuda_tensor::{CubeAccess, CudaFused, CudaRaw};

@@ -7,7 +7,6 @@ use std::sync::Once;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ConvOptions, FloatTensor, FloatTensorOps, ModuleOps};
 use burn::tensor::{DType, FloatDType, Shape, TensorMetadata};
-use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::cuda::CudaRuntime;
 
@@ -15,55 +14,7 @@ use super::ConvBackend;
 use super::cpu::Geometry;
 use super::cudnn::{self, Pass, Pointers, Problem};
 
-/// Burn's CUDA backend without fusion (the same type as `burn_dist::CudaRaw`).
-pub(crate) type CudaRaw = CubeBackend<CudaRuntime, f32, i32, u8>;
-/// Burn's CUDA backend with fusion (`burn::backend::Cuda` in this workspace).
-pub(crate) type CudaFused = burn_fusion::Fusion<CudaRaw>;
-
-/// A CUDA backend whose float tensors can be turned into a `CubeTensor` and back.
-pub(crate) trait CubeAccess: Backend {
-    /// The tensor's `CubeTensor`, after every queued op that writes it has been launched.
-    fn into_cube(tensor: Self::FloatTensorPrimitive) -> CubeTensor<CudaRuntime>;
-    /// The backend's tensor for a `CubeTensor` on `device`.
-    fn from_cube(
-        tensor: CubeTensor<CudaRuntime>,
-        device: &Self::Device,
-    ) -> Self::FloatTensorPrimitive;
-}
-
-impl CubeAccess for CudaRaw {
-    fn into_cube(tensor: Self::FloatTensorPrimitive) -> CubeTensor<CudaRuntime> {
-        tensor
-    }
-    fn from_cube(tensor: CubeTensor<CudaRuntime>, _: &Self::Device) -> Self::FloatTensorPrimitive {
-        tensor
-    }
-}
-
-impl CubeAccess for CudaFused {
-    fn into_cube(tensor: Self::FloatTensorPrimitive) -> CubeTensor<CudaRuntime> {
-        let client = tensor.client.clone();
-        client.resolve_tensor_float::<CudaRaw>(tensor)
-    }
-    fn from_cube(
-        tensor: CubeTensor<CudaRuntime>,
-        device: &Self::Device,
-    ) -> Self::FloatTensorPrimitive {
-        use burn::backend::ir::{BackendIr, InitOperationIr, OperationIr, OperationOutput};
-        let client = burn_fusion::get_client::<CudaRaw>(device);
-        let shape = tensor.meta.shape().clone();
-        let dtype = tensor.dtype;
-        let handle = <CudaRaw as BackendIr>::float_tensor_handle(tensor);
-        let init = InitOperationIr::create(shape, dtype, || client.register_tensor_handle(handle));
-        client
-            .register(
-                burn_fusion::stream::OperationStreams::default(),
-                OperationIr::Init(init),
-                burn_fusion::NoOp::<CudaRaw>::new(),
-            )
-            .output()
-    }
-}
+pub(crate) use burn_dist::{CubeAccess, CudaFused, CudaRaw};
 
 /// Whether cuDNN can be used; the first `false` prints the one line that says why and how to
 /// fix it.
