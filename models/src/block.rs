@@ -1,8 +1,8 @@
 use burn::module::Module;
-use burn::nn::{BatchNorm, BatchNormConfig, Initializer, PaddingConfig2d};
+use burn::nn::{Initializer, PaddingConfig2d};
 use burn::tensor::{Tensor, activation::relu, backend::Backend};
 
-use crate::nn::{Conv2d, Conv2dConfig};
+use crate::nn::{BatchNorm, BatchNormConfig, Conv2d, Conv2dConfig};
 
 /// One residual block, basic (two 3×3 convs, ResNet-18/34) or bottleneck (1×1, 3×3, 1×1,
 /// ResNet-50/101/152).

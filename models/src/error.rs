@@ -9,9 +9,10 @@ pub enum ModelError {
         /// The depth asked for.
         depth: usize,
     },
-    /// A conv choice (flag or `BURN_HOROVOD_CONV`) that is neither `burn` nor `fast`.
-    #[error("unknown conv `{value}`: choose `burn` (Burn's own conv) or `fast` (our GEMM kernels)")]
-    UnknownConv {
+    /// A kernel choice (`--conv`, `--batch-norm`, `BURN_HOROVOD_CONV`, `BURN_HOROVOD_BATCHNORM`)
+    /// that is neither `burn` nor `fast`.
+    #[error("unknown kernel choice `{value}`: choose `burn` (Burn's own op) or `fast` (ours)")]
+    UnknownOpImpl {
         /// The value given.
         value: String,
     },

@@ -15,8 +15,10 @@
 //!
 //! Convolutions run our own op ([`conv`]): im2col/col2im + GEMM kernels on the CPU (Flex),
 //! cuDNN on CUDA (feature `cuda`; Burn's conv when `libcudnn` is missing). [`nn::Conv2d`] is a
-//! drop-in for `burn::nn::conv::Conv2d`. `BURN_HOROVOD_CONV=burn` or [`set_conv_impl`] switches
-//! back to Burn's own conv.
+//! drop-in for `burn::nn::conv::Conv2d`. BatchNorm runs our fused op ([`norm`]) on the CPU;
+//! [`nn::BatchNorm`] is a drop-in for `burn::nn::BatchNorm`. `BURN_HOROVOD_CONV=burn` or
+//! [`set_conv_impl`], and `BURN_HOROVOD_BATCHNORM=burn` or [`set_batch_norm_impl`], switch back to
+//! Burn's own ops.
 //!
 //! Parameter paths follow torchvision (`conv1`, `bn1`, `layer1.0.conv1`, `layer1.0.downsample.0`,
 //! `fc`), so [`torchvision`] can save and load weights as a torchvision `state_dict` in safetensors.
@@ -26,13 +28,20 @@ mod classifier;
 pub mod conv;
 mod error;
 pub mod nn;
+pub mod norm;
 mod path;
 mod resnet;
+mod switch;
 pub mod torchvision;
 
 pub use block::Block;
 pub use classifier::ImageClassifier;
-pub use conv::{ConvBackend, ConvImpl, conv_impl, set_conv_impl};
+pub use conv::ConvBackend;
 pub use error::ModelError;
+pub use norm::BatchNormBackend;
 pub use path::num_trainable_params;
 pub use resnet::{BlockKind, ResNet, ResNetConfig};
+pub use switch::{
+    BATCH_NORM_ENV, CONV_ENV, OpImpl, batch_norm_impl, conv_impl, set_batch_norm_impl,
+    set_conv_impl,
+};

@@ -1,11 +1,11 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig, MaxPool2d, MaxPool2dConfig};
-use burn::nn::{BatchNorm, Linear, LinearConfig, PaddingConfig2d};
+use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::{Tensor, activation::relu, backend::Backend};
 
 use crate::block::{Block, batch_norm, conv};
-use crate::nn::Conv2d;
+use crate::nn::{BatchNorm, Conv2d};
 use crate::{ImageClassifier, ModelError};
 
 /// Which residual block a ResNet stacks.

@@ -127,6 +127,15 @@ fn cases() -> Vec<Case> {
             dilation: 2,
             ..c(2, 4, 4, [10, 10], 3, 1, 2, true)
         },
+        // Output rows of 16 pixels and more take the row-by-row im2col/col2im; narrower ones the
+        // per-pixel table. Each option again on that path:
+        c(2, 3, 5, [40, 37], 7, 2, 3, false),
+        c(1, 4, 6, [33, 33], 1, 2, 0, true),
+        c(2, 3, 4, [17, 18], 3, 1, 1, true),
+        Case {
+            dilation: 2,
+            ..c(1, 3, 4, [21, 20], 3, 1, 2, false)
+        },
     ]
 }
 

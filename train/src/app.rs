@@ -190,6 +190,7 @@ fn try_main<C: ClassifierConfig>(
     let (args, quickstart) = parse_args()?;
     args.validate()?;
     models::set_conv_impl(args.conv.into());
+    models::set_batch_norm_impl(args.batch_norm.into());
     let mut dirs = vec![("val-dir", &args.val_dir)];
     if !args.test_only {
         dirs.insert(0, ("train-dir", &args.train_dir));

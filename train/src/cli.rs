@@ -157,27 +157,37 @@ pub struct TrainArgs {
     pub resume_anyway: bool,
     /// Convolution: fast (our op: GEMM kernels on the CPU) or burn (Burn's own conv, for
     /// comparison). Same numbers within float rounding; only the speed differs.
-    #[arg(long, value_enum, default_value_t = ConvChoice::Fast, env = "BURN_HOROVOD_CONV")]
+    #[arg(long, value_enum, default_value_t = OpChoice::Fast, env = "BURN_HOROVOD_CONV")]
     #[serde(default)]
-    pub conv: ConvChoice,
+    pub conv: OpChoice,
+    /// BatchNorm: fast (our op: fused kernels on the CPU) or burn (Burn's own, for comparison).
+    /// Same numbers within float rounding; only the speed differs.
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = OpChoice::Fast,
+        env = "BURN_HOROVOD_BATCHNORM"
+    )]
+    #[serde(default)]
+    pub batch_norm: OpChoice,
 }
 
-/// Which convolution the model runs (`--conv`).
+/// Whose kernels an op runs (`--conv`, `--batch-norm`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum ConvChoice {
-    /// Our conv op (`models::conv`): im2col/col2im + GEMM kernels on the CPU.
+pub enum OpChoice {
+    /// Our op (`models::conv`, `models::norm`): GEMM and fused kernels on the CPU.
     #[default]
     Fast,
-    /// Burn's own `conv2d` and its default gradients.
+    /// Burn's own op and its default gradients.
     Burn,
 }
 
-impl From<ConvChoice> for models::ConvImpl {
-    fn from(choice: ConvChoice) -> Self {
+impl From<OpChoice> for models::OpImpl {
+    fn from(choice: OpChoice) -> Self {
         match choice {
-            ConvChoice::Fast => models::ConvImpl::Fast,
-            ConvChoice::Burn => models::ConvImpl::Burn,
+            OpChoice::Fast => models::OpImpl::Fast,
+            OpChoice::Burn => models::OpImpl::Burn,
         }
     }
 }
@@ -355,17 +365,18 @@ mod tests {
     }
 
     #[test]
-    fn conv_defaults_to_fast_and_takes_burn() {
+    fn conv_and_batch_norm_default_to_fast_and_take_burn() {
         if std::env::var_os("BURN_HOROVOD_CONV").is_none() {
-            assert_eq!(parse(&[]).conv, ConvChoice::Fast);
+            assert_eq!(parse(&[]).conv, OpChoice::Fast);
         }
-        let a = parse(&["--conv", "burn"]);
-        assert_eq!(a.conv, ConvChoice::Burn);
-        assert_eq!(models::ConvImpl::from(a.conv), models::ConvImpl::Burn);
-        assert_eq!(
-            models::ConvImpl::from(ConvChoice::Fast),
-            models::ConvImpl::Fast
-        );
+        if std::env::var_os("BURN_HOROVOD_BATCHNORM").is_none() {
+            assert_eq!(parse(&[]).batch_norm, OpChoice::Fast);
+        }
+        let a = parse(&["--conv", "burn", "--batch-norm", "burn"]);
+        assert_eq!(a.conv, OpChoice::Burn);
+        assert_eq!(a.batch_norm, OpChoice::Burn);
+        assert_eq!(models::OpImpl::from(a.conv), models::OpImpl::Burn);
+        assert_eq!(models::OpImpl::from(OpChoice::Fast), models::OpImpl::Fast);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! `cargo run --release -p benches --bin train_step -- --model resnet50 --batch 8 --image-size 224`
 //!
 //! `benches/compare_train_step.py` times PyTorch on the CPU with the same model and batch.
-//! `--conv burn` runs Burn's own conv instead of ours, for comparison.
+//! `--conv burn` and `--batch-norm burn` run Burn's own ops instead of ours, for comparison.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -18,7 +18,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor};
 use clap::Parser;
 use data::{DistributedSampler, ImageFolder, Loader, LoaderConfig};
-use models::{ConvImpl, ImageClassifier, ResNet, ResNetConfig};
+use models::{ImageClassifier, OpImpl, ResNet, ResNetConfig};
 
 #[derive(Parser, Debug)]
 #[command(about = "ResNet training-step throughput (forward + backward + SGD step)")]
@@ -44,6 +44,9 @@ struct Args {
     /// Convolution: fast (our op: GEMM kernels on the CPU) or burn (Burn's own conv).
     #[arg(long, default_value = "fast")]
     conv: String,
+    /// BatchNorm: fast (our op: fused kernels on the CPU) or burn (Burn's own).
+    #[arg(long, default_value = "fast")]
+    batch_norm: String,
     /// Mixed precision of the convs: none, or bf16 (CUDA with cuDNN only).
     #[arg(long, default_value = "none")]
     amp: String,
@@ -73,11 +76,16 @@ fn main() -> anyhow::Result<()> {
     if args.batch == 0 || args.steps == 0 {
         bail!("--batch and --steps must be at least 1");
     }
-    let conv: ConvImpl = args
+    let conv: OpImpl = args
         .conv
         .parse()
         .with_context(|| format!("--conv {}", args.conv))?;
     models::set_conv_impl(conv);
+    let batch_norm: OpImpl = args
+        .batch_norm
+        .parse()
+        .with_context(|| format!("--batch-norm {}", args.batch_norm))?;
+    models::set_batch_norm_impl(batch_norm);
     match args.amp.as_str() {
         "none" => {}
         "bf16" if args.backend == "flex" => bail!(
@@ -185,10 +193,11 @@ fn run<B: AutodiffBackend>(
     let fed_ips = fed.map(|t| ips(t.step));
     if args.json {
         println!(
-            "{{\"model\":\"{}\",\"backend\":\"{}\",\"conv\":\"{}\",\"amp\":\"{}\",\"batch\":{},\"image_size\":{},\"fwd_bwd_img_per_sec\":{:.3},\"step_img_per_sec\":{:.3},\"step_with_data_img_per_sec\":{}}}",
+            "{{\"model\":\"{}\",\"backend\":\"{}\",\"conv\":\"{}\",\"batch_norm\":\"{}\",\"amp\":\"{}\",\"batch\":{},\"image_size\":{},\"fwd_bwd_img_per_sec\":{:.3},\"step_img_per_sec\":{:.3},\"step_with_data_img_per_sec\":{}}}",
             args.model,
             args.backend,
             args.conv,
+            args.batch_norm,
             args.amp,
             args.batch,
             args.image_size,
@@ -198,13 +207,14 @@ fn run<B: AutodiffBackend>(
         );
     } else {
         println!(
-            "# model      backend  conv  batch  size  fwd+bwd(img/s)  step(img/s)  step(ms)  step+data(img/s)"
+            "# model      backend  conv  bn    batch  size  fwd+bwd(img/s)  step(img/s)  step(ms)  step+data(img/s)"
         );
         println!(
-            "  {:<10} {:<8} {:<4} {:>5} {:>5} {:>15.2} {:>12.2} {:>9.1} {:>17}",
+            "  {:<10} {:<8} {:<4} {:<4} {:>5} {:>5} {:>15.2} {:>12.2} {:>9.1} {:>17}",
             args.model,
             args.backend,
             args.conv,
+            args.batch_norm,
             args.batch,
             args.image_size,
             ips(fixed.fwd_bwd),

@@ -1,5 +1,6 @@
-//! A whole ResNet-18 train step (forward, backward, one SGD step) with our conv equals the same
-//! step with Burn's conv. Its own test binary: the conv choice is process-wide.
+//! A whole ResNet-18 train step (forward, backward, one SGD step) with our conv and BatchNorm
+//! equals the same step with Burn's, one op at a time and both together. Its own test binary: the
+//! choices are process-wide.
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param};
@@ -7,7 +8,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor, backend::Backend};
-use models::{ConvImpl, ImageClassifier, ResNet, ResNetConfig, set_conv_impl};
+use models::{ImageClassifier, OpImpl, ResNet, ResNetConfig, set_batch_norm_impl, set_conv_impl};
 
 type TestBackend = Flex;
 type Ad = Autodiff<TestBackend>;
@@ -49,12 +50,13 @@ struct Step {
 }
 
 fn step(
-    conv: ConvImpl,
+    (conv, batch_norm): (OpImpl, OpImpl),
     model: ResNet<Ad>,
     images: Tensor<Ad, 4>,
     labels: Tensor<Ad, 1, Int>,
 ) -> Step {
     set_conv_impl(conv);
+    set_batch_norm_impl(batch_norm);
     let logits = model.classify(images);
     let loss = CrossEntropyLossConfig::new()
         .init(&logits.device())
@@ -91,50 +93,65 @@ fn relative_error(a: &[f32], b: &[f32]) -> f32 {
         / scale
 }
 
+/// Loss, gradients and updated parameters of `fast` against `burn`, each within 1e-4 relative.
+fn assert_same_step(what: &str, fast: &Step, burn: &Step) {
+    let loss_err = (fast.loss - burn.loss).abs() / burn.loss.abs();
+    assert!(
+        loss_err <= 1e-4,
+        "{what}: loss {} vs Burn's {}",
+        fast.loss,
+        burn.loss
+    );
+    // 20 convs + 20 BatchNorm (weight, bias) + fc (weight, bias) = 62 trainable tensors.
+    assert_eq!(
+        fast.grads.len(),
+        62,
+        "{what}: one gradient per trainable tensor"
+    );
+    assert_eq!(fast.grads.len(), burn.grads.len());
+    for (i, (f, b)) in fast.grads.iter().zip(&burn.grads).enumerate() {
+        let err = relative_error(f, b);
+        assert!(
+            err <= 1e-4,
+            "{what}: gradient {i} ({} values): relative error {err}",
+            b.len()
+        );
+    }
+    assert_eq!(
+        fast.after.len(),
+        62,
+        "{what}: one value per trainable tensor"
+    );
+    for (i, (f, b)) in fast.after.iter().zip(&burn.after).enumerate() {
+        let err = relative_error(f, b);
+        assert!(
+            err <= 1e-4,
+            "{what}: parameter {i} after SGD: relative error {err}"
+        );
+    }
+}
+
 #[test]
-fn resnet18_train_step_with_fast_conv_matches_burns_conv() {
+fn resnet18_train_step_with_our_ops_matches_burns() {
     let device = Default::default();
     // Two correct float implementations differ by rounding (here ≤ 1.4e-5 relative), except
     // where an activation sits within rounding of a ReLU or max-pool kink: there the two paths
     // can route one element's gradient differently, a discrete ~1e-2 change upstream of it
     // (seeds 11 and 12 hit one in layer2, at the same place with 1 and 3 threads, so it is a
-    // kink and not a race). Seed 13 has none, so the comparison measures the conv itself.
+    // kink and not a race). Seed 13 has none, so the comparison measures the ops themselves.
     Ad::seed(&device, 13);
     let model: ResNet<Ad> = ResNetConfig::resnet18(10).init(&device);
     let images = Tensor::<Ad, 4>::random([8, 3, 64, 64], Distribution::Normal(0.0, 1.0), &device);
     let labels = Tensor::<Ad, 1, Int>::from_ints([1, 7, 3, 9, 0, 2, 5, 7], &device);
     // Params initialise lazily, and a clone would draw its own values: draw them once here.
     model.visit(&mut CollectValues(Vec::new()));
+    let run = |choice| step(choice, model.clone(), images.clone(), labels.clone());
 
-    let burn = step(
-        ConvImpl::Burn,
-        model.clone(),
-        images.clone(),
-        labels.clone(),
-    );
-    let fast = step(ConvImpl::Fast, model, images, labels);
-
-    let loss_err = (fast.loss - burn.loss).abs() / burn.loss.abs();
-    assert!(
-        loss_err <= 1e-4,
-        "loss: fast {} vs burn {}",
-        fast.loss,
-        burn.loss
-    );
-    // 20 convs + 20 BatchNorm (weight, bias) + fc (weight, bias) = 62 trainable tensors.
-    assert_eq!(fast.grads.len(), 62, "one gradient per trainable tensor");
-    assert_eq!(fast.grads.len(), burn.grads.len());
-    for (i, (f, b)) in fast.grads.iter().zip(&burn.grads).enumerate() {
-        let err = relative_error(f, b);
-        assert!(
-            err <= 1e-4,
-            "gradient {i} ({} values): relative error {err}",
-            b.len()
-        );
-    }
-    assert_eq!(fast.after.len(), 62, "one value per trainable tensor");
-    for (i, (f, b)) in fast.after.iter().zip(&burn.after).enumerate() {
-        let err = relative_error(f, b);
-        assert!(err <= 1e-4, "parameter {i} after SGD: relative error {err}");
-    }
+    let burn = run((OpImpl::Burn, OpImpl::Burn));
+    let conv = run((OpImpl::Fast, OpImpl::Burn));
+    assert_same_step("our conv", &conv, &burn);
+    let batch_norm = run((OpImpl::Burn, OpImpl::Fast));
+    assert_same_step("our BatchNorm", &batch_norm, &burn);
+    let both = run((OpImpl::Fast, OpImpl::Fast));
+    assert_same_step("our conv and BatchNorm", &both, &burn);
 }

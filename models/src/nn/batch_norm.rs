@@ -1,0 +1,147 @@
+//! `BatchNorm` with the config, fields and record of `burn::nn::BatchNorm` (Burn 0.21), so that
+//! saved records, torchvision weights and user code carry over; over `[N, C, H, W]` it runs our
+//! fused op ([`crate::norm`]) where the backend has one and [`crate::batch_norm_impl`] says `fast`,
+//! and Burn's arithmetic otherwise.
+
+use burn::config::Config;
+use burn::module::{Initializer, Module, Param, RunningState};
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+
+use crate::norm::{dispatch, reference};
+use crate::switch::{OpImpl, batch_norm_impl, cast};
+
+/// Configuration of a [`BatchNorm`]; the same fields and defaults as `burn::nn::BatchNormConfig`.
+#[derive(Config, Debug)]
+pub struct BatchNormConfig {
+    /// Channels.
+    pub num_features: usize,
+    /// Added to the variance for numerical stability.
+    #[config(default = 1e-5)]
+    pub epsilon: f64,
+    /// Weight of the newest batch in the running statistics.
+    #[config(default = 0.1)]
+    pub momentum: f64,
+}
+
+/// Batch normalisation over dimension 1 (Ioffe & Szegedy 2015); build it with [`BatchNormConfig`].
+///
+/// As Burn's: training (an autodiff backend) normalises with the batch's mean and biased variance
+/// and folds them into the running statistics with `momentum`; inference uses the running ones.
+#[derive(Module, Debug)]
+pub struct BatchNorm<B: Backend> {
+    /// Scale, `[C]`.
+    pub gamma: Param<Tensor<B, 1>>,
+    /// Shift, `[C]`.
+    pub beta: Param<Tensor<B, 1>>,
+    /// Running mean, `[C]`.
+    pub running_mean: RunningState<Tensor<B, 1>>,
+    /// Running (biased) variance, `[C]`.
+    pub running_var: RunningState<Tensor<B, 1>>,
+    /// Weight of the newest batch in the running statistics.
+    pub momentum: f64,
+    /// Added to the variance for numerical stability.
+    pub epsilon: f64,
+}
+
+impl BatchNormConfig {
+    /// Builds the module: `gamma` 1, `beta` 0, running mean 0 and variance 1.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> BatchNorm<B> {
+        let c = self.num_features;
+        BatchNorm {
+            gamma: Initializer::Ones.init([c], device),
+            beta: Initializer::Zeros.init([c], device),
+            running_mean: RunningState::new(Tensor::zeros([c], device)),
+            running_var: RunningState::new(Tensor::ones([c], device)),
+            momentum: self.momentum,
+            epsilon: self.epsilon,
+        }
+    }
+}
+
+impl<B: Backend> BatchNorm<B> {
+    /// # Shapes
+    /// - `input`: `[N, C, ...]`
+    /// - returns: the same shape
+    ///
+    /// # Panics
+    /// If the input has rank < 2 (as Burn's).
+    pub fn forward<const D: usize>(&self, input: Tensor<B, D>) -> Tensor<B, D> {
+        assert!(
+            D >= 2,
+            "BatchNorm needs a tensor of rank >= 2, [batch_size, channels, ...]; got rank {D}"
+        );
+        let training = B::ad_enabled(&input.device());
+        let input = if batch_norm_impl() == OpImpl::Fast {
+            match cast::<Tensor<B, D>, Tensor<B, 4>>(input) {
+                Ok(x) => match self.fused(x, training) {
+                    Ok(y) => return cast(y).unwrap_or_else(|_| unreachable!("D is 4")),
+                    Err(x) => cast(x).unwrap_or_else(|_| unreachable!("D is 4")),
+                },
+                Err(input) => input,
+            }
+        } else {
+            input
+        };
+        if training {
+            let (mean, var) = reference::batch_stats(&input);
+            let channels = input.dims()[1];
+            self.update_running(
+                mean.clone().reshape([channels]),
+                var.clone().reshape([channels]),
+            );
+            reference::normalize(
+                input,
+                mean,
+                var,
+                self.gamma.val(),
+                self.beta.val(),
+                self.epsilon,
+            )
+        } else {
+            let shape: [usize; D] =
+                std::array::from_fn(|i| if i == 1 { input.dims()[1] } else { 1 });
+            let device = input.device();
+            let mean = self.running_mean.value().to_device(&device).reshape(shape);
+            let var = self.running_var.value().to_device(&device).reshape(shape);
+            reference::normalize(
+                input,
+                mean,
+                var,
+                self.gamma.val(),
+                self.beta.val(),
+                self.epsilon,
+            )
+        }
+    }
+
+    /// The fused op, or the input back when the backend has none.
+    fn fused(&self, x: Tensor<B, 4>, training: bool) -> Result<Tensor<B, 4>, Tensor<B, 4>> {
+        let (gamma, beta) = (self.gamma.val(), self.beta.val());
+        if training {
+            let (y, mean, var) =
+                dispatch::train(x, gamma, beta, self.epsilon).map_err(|(x, _, _)| x)?;
+            self.update_running(mean, var);
+            Ok(y)
+        } else {
+            let device = x.device();
+            let mean = self.running_mean.value().to_device(&device);
+            let var = self.running_var.value().to_device(&device);
+            dispatch::eval((x, gamma, beta, mean, var), self.epsilon).map_err(|(x, ..)| x)
+        }
+    }
+
+    /// `running ← (1 − momentum)·running + momentum·batch`, as Burn's.
+    fn update_running(&self, mean: Tensor<B, 1>, var: Tensor<B, 1>) {
+        let momentum = self.momentum;
+        let fold = |state: &RunningState<Tensor<B, 1>>, batch: Tensor<B, 1>| {
+            let running = state.value_sync().to_device(&batch.device());
+            let updated = running
+                .mul_scalar(1.0 - momentum)
+                .add(batch.detach().mul_scalar(momentum));
+            state.update(updated.detach());
+        };
+        fold(&self.running_mean, mean);
+        fold(&self.running_var, var);
+    }
+}

@@ -1,0 +1,133 @@
+//! Our BatchNorm (`models::nn::BatchNorm`, fused kernels on Flex) against Burn's own
+//! `burn::nn::BatchNorm`: training output, the gradients of x, gamma and beta, the running
+//! statistics, and inference with them.
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::Param;
+use burn::tensor::{Distribution, Tensor};
+use models::nn::{BatchNorm, BatchNormConfig};
+
+type Inner = Flex;
+type Ad = Autodiff<Inner>;
+
+const RTOL: f32 = 1e-4;
+
+fn values<const D: usize>(t: Tensor<Inner, D>) -> Vec<f32> {
+    t.into_data().to_vec::<f32>().expect("f32 tensor")
+}
+
+/// Largest |a − b| relative to the largest |b| (plus 1e-6, for all-zero references).
+fn assert_close(what: &str, a: &[f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    let scale = b.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    let err = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+        / scale;
+    assert!(err <= RTOL, "{what}: relative error {err} (> {RTOL})");
+}
+
+/// Both modules with the same random gamma and beta and the same running statistics.
+fn modules(channels: usize, seed: u64) -> (BatchNorm<Ad>, burn::nn::BatchNorm<Ad>) {
+    let device = Default::default();
+    <Inner as burn::tensor::backend::Backend>::seed(&device, seed);
+    let ours: BatchNorm<Ad> = BatchNormConfig::new(channels)
+        .with_momentum(0.3)
+        .init(&device);
+    let gamma = Tensor::<Ad, 1>::random([channels], Distribution::Normal(1.0, 0.5), &device);
+    let beta = Tensor::<Ad, 1>::random([channels], Distribution::Normal(0.0, 0.5), &device);
+    let ours = BatchNorm {
+        gamma: Param::from_tensor(gamma.clone()),
+        beta: Param::from_tensor(beta.clone()),
+        ..ours
+    };
+    let mut burns: burn::nn::BatchNorm<Ad> = burn::nn::BatchNormConfig::new(channels)
+        .with_momentum(0.3)
+        .init(&device);
+    burns.gamma = Param::from_tensor(gamma);
+    burns.beta = Param::from_tensor(beta);
+    (ours, burns)
+}
+
+/// Two training steps (the running statistics fold twice), the gradients of `sum(y · dy)` for
+/// the second, then inference with the running statistics.
+fn check(shape: [usize; 4], seed: u64) {
+    let device = Default::default();
+    let (ours, burns) = modules(shape[1], seed);
+    // A mean far from 0 tests the centring of the statistics and of the gradient.
+    let x1 = Tensor::<Inner, 4>::random(shape, Distribution::Normal(3.0, 2.0), &device);
+    let x2 = Tensor::<Inner, 4>::random(shape, Distribution::Normal(-1.0, 0.5), &device);
+    let dy = Tensor::<Inner, 4>::random(shape, Distribution::Normal(0.0, 1.0), &device);
+
+    let _ = ours.forward(Tensor::<Ad, 4>::from_inner(x1.clone()));
+    let _ = burns.forward(Tensor::<Ad, 4>::from_inner(x1));
+
+    let run = |forward: &dyn Fn(Tensor<Ad, 4>) -> Tensor<Ad, 4>,
+               gamma: &Param<Tensor<Ad, 1>>,
+               beta: &Param<Tensor<Ad, 1>>| {
+        let x = Tensor::<Ad, 4>::from_inner(x2.clone()).require_grad();
+        let y = forward(x.clone());
+        let grads = (y.clone() * Tensor::from_inner(dy.clone()))
+            .sum()
+            .backward();
+        let grad = |t: &Tensor<Ad, 1>| values(t.grad(&grads).expect("gamma/beta gradient"));
+        (
+            values(y.inner()),
+            values(x.grad(&grads).expect("input gradient")),
+            grad(&gamma.val()),
+            grad(&beta.val()),
+        )
+    };
+    let (y, dx, dgamma, dbeta) = run(&|x| ours.forward(x), &ours.gamma, &ours.beta);
+    let (y_ref, dx_ref, dgamma_ref, dbeta_ref) =
+        run(&|x| burns.forward(x), &burns.gamma, &burns.beta);
+    assert_close(&format!("{shape:?} output"), &y, &y_ref);
+    assert_close(&format!("{shape:?} input gradient"), &dx, &dx_ref);
+    assert_close(&format!("{shape:?} gamma gradient"), &dgamma, &dgamma_ref);
+    assert_close(&format!("{shape:?} beta gradient"), &dbeta, &dbeta_ref);
+
+    let running = |m: Tensor<Ad, 1>| values(m.inner());
+    assert_close(
+        &format!("{shape:?} running mean"),
+        &running(ours.running_mean.value()),
+        &running(burns.running_mean.value()),
+    );
+    assert_close(
+        &format!("{shape:?} running var"),
+        &running(ours.running_var.value()),
+        &running(burns.running_var.value()),
+    );
+
+    // Inference: the inner backend (no autodiff) normalises with the running statistics.
+    use burn::module::AutodiffModule;
+    let x3 = Tensor::<Inner, 4>::random(shape, Distribution::Normal(0.5, 1.5), &device);
+    let y = values(ours.valid().forward(x3.clone()));
+    let y_ref = values(burns.valid().forward(x3));
+    assert_close(&format!("{shape:?} inference output"), &y, &y_ref);
+}
+
+#[test]
+fn fused_batch_norm_matches_burns_on_resnet_like_shapes() {
+    check([4, 8, 16, 16], 1);
+    check([2, 32, 7, 7], 2);
+}
+
+#[test]
+fn fused_batch_norm_matches_burns_on_odd_and_tiny_shapes() {
+    // Odd plane (shorter than the 8-float lanes, with a tail), batch 1, and 1×1 planes.
+    check([3, 5, 3, 5], 3);
+    check([1, 4, 9, 11], 4);
+    check([8, 6, 1, 1], 5);
+}
+
+#[test]
+fn other_ranks_run_burns_arithmetic() {
+    let device = Default::default();
+    let (ours, burns) = modules(6, 7);
+    let x = Tensor::<Ad, 3>::random([5, 6, 10], Distribution::Normal(2.0, 1.0), &device);
+    let y = ours.forward(x.clone());
+    let y_ref = burns.forward(x);
+    assert_close("3-D output", &values(y.inner()), &values(y_ref.inner()));
+}
