@@ -79,6 +79,34 @@ impl Geometry {
         self.c_out * self.pixels()
     }
 
+    /// A 1×1 conv with stride 1 and no padding: an image is already its own column matrix.
+    fn pointwise(&self) -> bool {
+        self.kernel == [1, 1] && self.stride == [1, 1] && self.padding == [0, 0]
+    }
+
+    /// Scratch for the column matrix of `nb_max` images; none when [`columns`] never needs it.
+    fn col_scratch(&self, nb_max: usize) -> Vec<f32> {
+        let len = if self.pointwise() && nb_max == 1 {
+            0
+        } else {
+            self.k() * nb_max * self.pixels()
+        };
+        vec![0.0; len]
+    }
+
+    /// Scratch for `nb_max` images of `[Co, P]` side by side; none for one image at a time, which
+    /// is its own `[Co, P]` matrix.
+    fn wide_scratch(&self, nb_max: usize) -> Vec<f32> {
+        vec![
+            0.0;
+            if nb_max == 1 {
+                0
+            } else {
+                self.out_image_len() * nb_max
+            }
+        ]
+    }
+
     /// Images per GEMM: wide enough for the kernels, within the memory bound, and at most the
     /// group's size.
     fn chunk(&self, group_len: usize) -> usize {
@@ -371,6 +399,32 @@ fn scatter(wide: &[f32], images: &mut [f32], channels: usize, p: usize, nb: usiz
     }
 }
 
+/// The column matrix `[K, nb·P]` of `nb` images: the image itself for one image of a pointwise
+/// conv, else built in `col`.
+fn columns<'a>(g: &Geometry, x: &'a [f32], nb: usize, col: &'a mut [f32]) -> &'a [f32] {
+    let len = g.k() * nb * g.pixels();
+    if g.pointwise() {
+        if nb == 1 {
+            return x;
+        }
+        gather(x, &mut col[..len], g.c_in, g.pixels(), nb);
+    } else {
+        im2col(g, x, nb, &mut col[..len]);
+    }
+    &col[..len]
+}
+
+/// `nb` images of `[Co, P]` as one `[Co, nb·P]` matrix: the image itself when `nb` is 1, else
+/// gathered into `wide`.
+fn side_by_side<'a>(g: &Geometry, dy: &'a [f32], nb: usize, wide: &'a mut [f32]) -> &'a [f32] {
+    if nb == 1 {
+        return dy;
+    }
+    let len = g.c_out * nb * g.pixels();
+    gather(dy, &mut wide[..len], g.c_out, g.pixels(), nb);
+    &wide[..len]
+}
+
 /// Forward: `y[n] = W · col(x[n]) (+ bias)`.
 ///
 /// # Shapes
@@ -386,27 +440,35 @@ pub(crate) fn forward(g: &Geometry, x: &[f32], weight: &[f32], bias: Option<&[f3
         .zip(ranges.par_iter())
         .for_each(|(y, range)| {
             let nb_max = g.chunk(range.len());
-            let mut col = vec![0.0f32; k * nb_max * p];
-            let mut wide = vec![0.0f32; g.c_out * nb_max * p];
+            let mut col = g.col_scratch(nb_max);
+            let mut wide = g.wide_scratch(nb_max);
             for start in range.clone().step_by(nb_max) {
                 let nb = nb_max.min(range.end - start);
                 let cols = nb * p;
                 let x = &x[start * g.image_len()..][..nb * g.image_len()];
-                im2col(g, x, nb, &mut col[..k * cols]);
+                let col = columns(g, x, nb, &mut col);
+                let y =
+                    &mut y[(start - range.start) * g.out_image_len()..][..nb * g.out_image_len()];
+                // One image is its own [Co, P] matrix: the GEMM writes it in place.
+                let dst = if nb == 1 {
+                    &mut *y
+                } else {
+                    &mut wide[..g.c_out * cols]
+                };
                 // SAFETY: weight is [Co, K] and col [K, cols], both inside their slices.
                 unsafe {
                     matmul(
                         [g.c_out, k, cols],
-                        &mut wide[..g.c_out * cols],
+                        dst,
                         false,
                         rows(weight, k),
-                        rows(&col, cols),
+                        rows(col, cols),
                         inner,
                     );
                 }
-                let y =
-                    &mut y[(start - range.start) * g.out_image_len()..][..nb * g.out_image_len()];
-                scatter(&wide[..g.c_out * cols], y, g.c_out, p, nb);
+                if nb > 1 {
+                    scatter(&wide[..g.c_out * cols], y, g.c_out, p, nb);
+                }
                 if let Some(bias) = bias {
                     for (plane, b) in y.chunks_mut(p).zip(bias.iter().cycle()) {
                         plane.iter_mut().for_each(|v| *v += b);
@@ -432,26 +494,35 @@ pub(crate) fn input_grad(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
         .zip(ranges.par_iter())
         .for_each(|(dx, range)| {
             let nb_max = g.chunk(range.len());
-            let mut col = vec![0.0f32; k * nb_max * p];
-            let mut wide = vec![0.0f32; g.c_out * nb_max * p];
+            let mut col = g.col_scratch(nb_max);
+            let mut wide = g.wide_scratch(nb_max);
             for start in range.clone().step_by(nb_max) {
                 let nb = nb_max.min(range.end - start);
                 let cols = nb * p;
                 let dy = &dy[start * g.out_image_len()..][..nb * g.out_image_len()];
-                gather(dy, &mut wide[..g.c_out * cols], g.c_out, p, nb);
-                // SAFETY: Wᵀ is [K, Co] (weight read with swapped strides), wide [Co, cols].
+                let dy = side_by_side(g, dy, nb, &mut wide);
+                let dx = &mut dx[(start - range.start) * g.image_len()..][..nb * g.image_len()];
+                // For one image of a pointwise conv col2im is the identity: the GEMM writes dx.
+                let in_place = g.pointwise() && nb == 1;
+                let dst = if in_place {
+                    &mut *dx
+                } else {
+                    &mut col[..k * cols]
+                };
+                // SAFETY: Wᵀ is [K, Co] (weight read with swapped strides), dy [Co, cols].
                 unsafe {
                     matmul(
                         [k, g.c_out, cols],
-                        &mut col[..k * cols],
+                        dst,
                         false,
                         transposed(weight, k),
-                        rows(&wide, cols),
+                        rows(dy, cols),
                         inner,
                     );
                 }
-                let dx = &mut dx[(start - range.start) * g.image_len()..][..nb * g.image_len()];
-                col2im(g, &col[..k * cols], nb, dx);
+                if !in_place {
+                    col2im(g, &col[..k * cols], nb, dx);
+                }
             }
         });
     dx
@@ -471,27 +542,23 @@ pub(crate) fn weight_grad(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
         .map(|range| {
             let nb_max = g.chunk(range.len());
             let mut dw = vec![0.0f32; g.c_out * k];
-            let mut col = vec![0.0f32; k * nb_max * p];
-            let mut wide = vec![0.0f32; g.c_out * nb_max * p];
+            let mut col = g.col_scratch(nb_max);
+            let mut wide = g.wide_scratch(nb_max);
             for (i, start) in range.clone().step_by(nb_max).enumerate() {
                 let nb = nb_max.min(range.end - start);
                 let cols = nb * p;
-                im2col(
-                    g,
-                    &x[start * g.image_len()..][..nb * g.image_len()],
-                    nb,
-                    &mut col[..k * cols],
-                );
+                let x = &x[start * g.image_len()..][..nb * g.image_len()];
+                let col = columns(g, x, nb, &mut col);
                 let dy = &dy[start * g.out_image_len()..][..nb * g.out_image_len()];
-                gather(dy, &mut wide[..g.c_out * cols], g.c_out, p, nb);
-                // SAFETY: wide is [Co, cols]; colᵀ is [cols, K] (col read with swapped strides).
+                let dy = side_by_side(g, dy, nb, &mut wide);
+                // SAFETY: dy is [Co, cols]; colᵀ is [cols, K] (col read with swapped strides).
                 unsafe {
                     matmul(
                         [g.c_out, cols, k],
                         &mut dw,
                         i > 0,
-                        rows(&wide, cols),
-                        transposed(&col, cols),
+                        rows(dy, cols),
+                        transposed(col, cols),
                         inner,
                     );
                 }
