@@ -14,10 +14,15 @@ To compare builds or switches in the same run, name each binary (repeatable):
 
 `LABEL=PATH[@EXTRA ARGS]`: extra arguments, split on spaces, are passed to that binary. Each
 binary runs after PyTorch, one at a time, so they never share the cores.
+
+On a shared machine, `--rounds N` repeats PyTorch and every binary N times, interleaved
+(PyTorch, A, B, PyTorch, A, B, ...), and reports each one's median with the spread, so a slow
+minute on the host moves one round and not the ratio.
 """
 import argparse
 import json
 import shlex
+import statistics
 import subprocess
 import time
 
@@ -57,32 +62,48 @@ def main():
     p.add_argument("--rust-json", help="saved output of train_step --json instead of running it")
     p.add_argument("--exe", action="append",
                    help="LABEL=PATH[@EXTRA ARGS] of a train_step binary; repeatable")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="interleaved repetitions of every row; medians are reported")
     a = p.parse_args()
 
-    theirs = torch_img_per_sec(a.model, a.batch, a.image_size, a.steps, a.warmup, a.threads)
     common = ["--model", a.model, "--batch", str(a.batch), "--image-size", str(a.image_size),
               "--steps", str(a.steps), "--warmup", str(a.warmup), "--no-data", "--json"]
-    rows = []
+
+    def run_json(cmd):
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        return json.loads(out.strip().splitlines()[-1])["step_img_per_sec"]
+
+    runs = []  # (label, callable returning img/s)
     if a.rust_json:
-        rows.append(("burn flex (ours)", json.load(open(a.rust_json))))
+        ips = json.load(open(a.rust_json))["step_img_per_sec"]
+        runs.append(("burn flex (ours)", lambda ips=ips: ips))
     elif a.exe:
         for spec in a.exe:
             label, _, rest = spec.partition("=")
             path, _, extra = rest.partition("@")
-            out = subprocess.run([path, *common, *shlex.split(extra)],
-                                 check=True, capture_output=True, text=True).stdout
-            rows.append((label, json.loads(out.strip().splitlines()[-1])))
+            cmd = [path, *common, *shlex.split(extra)]
+            runs.append((label, lambda cmd=cmd: run_json(cmd)))
     else:
-        out = subprocess.run(
-            ["cargo", "run", "--release", "-q", "-p", "benches", "--bin", "train_step", "--", *common],
-            check=True, capture_output=True, text=True).stdout
-        rows.append(("burn flex (ours)", json.loads(out.strip().splitlines()[-1])))
-    print(f"# {a.model} batch {a.batch} at {a.image_size}x{a.image_size}, CPU, {a.threads} threads")
-    print(f"# {'impl':<28} {'step(img/s)':>12} {'ratio(vs torch)':>16}")
-    print(f"  {'PyTorch ' + torch.__version__:<28} {theirs:>12.2f} {1.0:>15.2f}x")
-    for label, ours in rows:
-        ips = ours["step_img_per_sec"]
-        print(f"  {label:<28} {ips:>12.2f} {ips / theirs:>15.2f}x")
+        cmd = ["cargo", "run", "--release", "-q", "-p", "benches", "--bin", "train_step", "--", *common]
+        runs.append(("burn flex (ours)", lambda cmd=cmd: run_json(cmd)))
+
+    torch_label = "PyTorch " + torch.__version__
+    figures = {torch_label: []}
+    figures.update({label: [] for label, _ in runs})
+    for _ in range(max(1, a.rounds)):
+        figures[torch_label].append(
+            torch_img_per_sec(a.model, a.batch, a.image_size, a.steps, a.warmup, a.threads))
+        for label, run in runs:
+            figures[label].append(run())
+
+    theirs = statistics.median(figures[torch_label])
+    print(f"# {a.model} batch {a.batch} at {a.image_size}x{a.image_size}, CPU, {a.threads} threads"
+          + (f", median of {a.rounds} interleaved rounds" if a.rounds > 1 else ""))
+    print(f"# {'impl':<28} {'step(img/s)':>12} {'ratio(vs torch)':>16}  rounds")
+    for label, values in figures.items():
+        ips = statistics.median(values)
+        each = " ".join(f"{v:.2f}" for v in values) if len(values) > 1 else ""
+        print(f"  {label:<28} {ips:>12.2f} {ips / theirs:>15.2f}x  {each}")
 
 if __name__ == "__main__":
     main()

@@ -17,8 +17,8 @@
 #   2. The allreduce bench with --backend nccl (device buffers).
 #   3. Numerics: ResNet-18 on CUDA vs Flex (logits, every gradient, one SGD step), autotune on.
 #   4. train_step ResNet-50 fp32 at batch 64 and 128: Burn's conv (autotuned) with and without
-#      fusion, cuDNN (bf16 convs are not implemented yet); and PyTorch on the same card (fp32; bf16 autocast +
-#      channels_last).
+#      fusion, cuDNN fp32 and bf16 (--amp bf16); and PyTorch on the same card (fp32; bf16
+#      autocast + channels_last).
 #   5. train with the data pipeline (16 workers), NCCL forced, a bounded number of steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -128,6 +128,7 @@ run_checks() {
         "$bin/allreduce" --nproc 1 --backend nccl --max-bytes $((256 * 1024 * 1024))
     # 3. Numerics (autotune on).
     LIMIT_S=180 row "CUDA vs CPU numerics (ResNet-18)" "$bin/gpu_numerics"
+    LIMIT_S=90 row "CUDA bf16 convs vs CPU f32 numerics (ResNet-18)" "$bin/gpu_numerics" --amp bf16
 
     # 4. ResNet-50 training step: ours, each variant, then PyTorch. The first run autotunes
     #    (cached in ~/.cache/burn-horovod/cubecl for the others); warm-up steps are untimed.
@@ -136,6 +137,7 @@ run_checks() {
         LIMIT_S=150 row "train_step b$batch fp32 Burn conv, fusion" "${ts[@]}" --batch "$batch" --backend cuda --conv burn
         LIMIT_S=120 row "train_step b$batch fp32 Burn conv, no fusion" "${ts[@]}" --batch "$batch" --backend cuda-raw --conv burn
         LIMIT_S=120 row "train_step b$batch fp32 cuDNN conv, fusion" "${ts[@]}" --batch "$batch" --backend cuda --conv fast
+        LIMIT_S=90 row "train_step b$batch bf16 cuDNN conv, fusion" "${ts[@]}" --batch "$batch" --backend cuda --conv fast --amp bf16
         LIMIT_S=120 row "PyTorch b$batch (fp32; bf16 autocast + channels_last)" \
             python3 "$STAGE/compare_train_step_gpu.py" --batch "$batch" --steps 20 --warmup 5
     done

@@ -42,6 +42,6 @@ pub use norm::BatchNormBackend;
 pub use path::num_trainable_params;
 pub use resnet::{BlockKind, ResNet, ResNetConfig};
 pub use switch::{
-    BATCH_NORM_ENV, CONV_ENV, OpImpl, batch_norm_impl, conv_impl, set_batch_norm_impl,
-    set_conv_impl,
+    BATCH_NORM_ENV, CONV_ENV, ConvPrecision, OpImpl, batch_norm_impl, conv_impl, conv_precision,
+    set_batch_norm_impl, set_conv_impl, set_conv_precision,
 };

@@ -2,7 +2,7 @@
 //! the type test that lets generic model code reach our backend extensions.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use crate::ModelError;
 
@@ -122,5 +122,32 @@ pub(crate) fn cast<A: 'static, T: 'static>(a: A) -> Result<T, A> {
     match (&mut slot as &mut dyn Any).downcast_mut::<Option<T>>() {
         Some(t) => Ok(t.take().expect("the slot was filled above")),
         None => Err(slot.expect("the slot is only taken on a match")),
+    }
+}
+
+/// Precision of the convs' arithmetic (`--amp`): what PyTorch's autocast does for convs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConvPrecision {
+    /// f32 in, f32 arithmetic, f32 out.
+    #[default]
+    F32,
+    /// Inputs cast to bf16 inside the op, f32 accumulation, f32 out; parameters, gradients and
+    /// optimizer state stay f32. cuDNN on CUDA only: elsewhere the convs stay f32.
+    Bf16,
+}
+
+static CONV_BF16: AtomicBool = AtomicBool::new(false);
+
+/// Sets the precision of every conv in this process (default [`ConvPrecision::F32`]).
+pub fn set_conv_precision(precision: ConvPrecision) {
+    CONV_BF16.store(precision == ConvPrecision::Bf16, Ordering::Relaxed);
+}
+
+/// The conv precision in use.
+pub fn conv_precision() -> ConvPrecision {
+    if CONV_BF16.load(Ordering::Relaxed) {
+        ConvPrecision::Bf16
+    } else {
+        ConvPrecision::F32
     }
 }

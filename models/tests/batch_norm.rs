@@ -1,6 +1,6 @@
 //! Our BatchNorm (`models::nn::BatchNorm`, fused kernels on Flex) against Burn's own
 //! `burn::nn::BatchNorm`: training output, the gradients of x, gamma and beta, the running
-//! statistics, and inference with them.
+//! statistics, and inference with them; and against PyTorch's `BatchNorm2d` (committed fixtures).
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::Param;
@@ -88,16 +88,17 @@ fn check(shape: [usize; 4], seed: u64) {
     assert_close(&format!("{shape:?} gamma gradient"), &dgamma, &dgamma_ref);
     assert_close(&format!("{shape:?} beta gradient"), &dbeta, &dbeta_ref);
 
+    // `value_sync`: a RunningState keeps the newest update pending until it is read this way.
     let running = |m: Tensor<Ad, 1>| values(m.inner());
     assert_close(
         &format!("{shape:?} running mean"),
-        &running(ours.running_mean.value()),
-        &running(burns.running_mean.value()),
+        &running(ours.running_mean.value_sync()),
+        &running(burns.running_mean.value_sync()),
     );
     assert_close(
         &format!("{shape:?} running var"),
-        &running(ours.running_var.value()),
-        &running(burns.running_var.value()),
+        &running(ours.running_var.value_sync()),
+        &running(burns.running_var.value_sync()),
     );
 
     // Inference: the inner backend (no autodiff) normalises with the running statistics.
@@ -130,4 +131,82 @@ fn other_ranks_run_burns_arithmetic() {
     let y = ours.forward(x.clone());
     let y_ref = burns.forward(x);
     assert_close("3-D output", &values(y.inner()), &values(y_ref.inner()));
+}
+
+/// Our BatchNorm against PyTorch's `BatchNorm2d` in training mode (fixtures from
+/// `fixtures/make_batch_norm_fixtures.py`): output, the three gradients, and the running mean
+/// after one step. The running variance folds the biased batch variance, as Burn's does
+/// (PyTorch folds the unbiased one), so it is checked against the fixture's biased variance.
+#[test]
+fn matches_torch_fixtures() {
+    let bytes = include_bytes!("fixtures/batch_norm_torch.safetensors");
+    let file = safetensors::SafeTensors::deserialize(bytes).expect("fixture is valid safetensors");
+    let device = Default::default();
+    let load = |name: &str| -> Option<(Vec<f32>, Vec<usize>)> {
+        let view = file.tensor(name).ok()?;
+        let data = view
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        Some((data, view.shape().to_vec()))
+    };
+    let mut checked = 0;
+    for i in 0.. {
+        let Some((x, shape)) = load(&format!("case{i}.x")) else {
+            break;
+        };
+        let get = |name: &str| load(&format!("case{i}.{name}")).expect(name).0;
+        let channels = shape[1];
+        let module: BatchNorm<Ad> = BatchNormConfig::new(channels).init(&device);
+        let param = |name: &str| {
+            Param::from_tensor(Tensor::<Ad, 1>::from_floats(get(name).as_slice(), &device))
+        };
+        let module = BatchNorm {
+            gamma: param("gamma"),
+            beta: param("beta"),
+            ..module
+        };
+        let x = Tensor::<Ad, 4>::from_inner(Tensor::from_data(
+            burn::tensor::TensorData::new(x, shape.clone()),
+            &device,
+        ))
+        .require_grad();
+        let dy = Tensor::<Inner, 4>::from_data(
+            burn::tensor::TensorData::new(get("dy"), shape.clone()),
+            &device,
+        );
+        let y = module.forward(x.clone());
+        let grads = (y.clone() * Tensor::from_inner(dy)).sum().backward();
+        let what = |name: &str| format!("case {i} {shape:?} {name}");
+        assert_close(&what("output"), &values(y.inner()), &get("y"));
+        assert_close(
+            &what("input gradient"),
+            &values(x.grad(&grads).expect("dx")),
+            &get("dx"),
+        );
+        let grad = |p: &Param<Tensor<Ad, 1>>| values(p.val().grad(&grads).expect("param grad"));
+        assert_close(
+            &what("gamma gradient"),
+            &grad(&module.gamma),
+            &get("dgamma"),
+        );
+        assert_close(&what("beta gradient"), &grad(&module.beta), &get("dbeta"));
+        assert_close(
+            &what("running mean"),
+            &values(module.running_mean.value_sync().inner()),
+            &get("running_mean"),
+        );
+        let running_var: Vec<f32> = get("batch_var_biased")
+            .iter()
+            .map(|v| 0.9 + 0.1 * v)
+            .collect();
+        assert_close(
+            &what("running var"),
+            &values(module.running_var.value_sync().inner()),
+            &running_var,
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 4, "every fixture case checked");
 }

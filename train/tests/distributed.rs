@@ -33,11 +33,13 @@ fn two_processes_learn_as_well_as_one_and_log_every_tag() {
             "0.025",
             "--nproc-per-node",
             &nproc.to_string(),
-            // Burn's conv: on a set this small the two-process accuracy after 3 epochs swings
-            // with the order of float sums (our conv gave 35% with 2 threads, 71% with 1; one
-            // process 98-100%), while the same flags on the quickstart learn alike. The conv op
-            // itself is checked against Burn's and torch's in `models`.
+            // Burn's conv and BatchNorm: on a set this small the two-process accuracy after 3
+            // epochs swings with the order of float sums (our conv gave 35% with 2 threads, 71%
+            // with 1; one process 98-100%), while the same flags on the quickstart learn alike.
+            // Our ops themselves are checked against Burn's (and torch's) in `models`.
             "--conv",
+            "burn",
+            "--batch-norm",
             "burn",
         ]));
         let stdout = String::from_utf8_lossy(&output.stdout);

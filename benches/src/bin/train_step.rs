@@ -47,7 +47,8 @@ struct Args {
     /// BatchNorm: fast (our op: fused kernels on the CPU) or burn (Burn's own).
     #[arg(long, default_value = "fast")]
     batch_norm: String,
-    /// Mixed precision of the convs: none, or bf16 (CUDA with cuDNN only).
+    /// Mixed precision of the convs: none, or bf16 (cuDNN on CUDA: operands cast to bf16 inside
+    /// the op, f32 accumulation, f32 parameters and optimizer state).
     #[arg(long, default_value = "none")]
     amp: String,
     /// Print one JSON object instead of the table.
@@ -91,10 +92,11 @@ fn main() -> anyhow::Result<()> {
         "bf16" if args.backend == "flex" => bail!(
             "--amp bf16: bf16 convs run only on CUDA with cuDNN; use --amp none with --backend flex"
         ),
-        "bf16" => bail!(
-            "--amp bf16: bf16 convs (cuDNN, f32 accumulation) are not implemented yet; use \
-             --amp none"
+        "bf16" if conv == OpImpl::Burn => bail!(
+            "--amp bf16: bf16 convs are our cuDNN op's; use --conv fast (or --amp none with \
+             --conv burn)"
         ),
+        "bf16" => models::set_conv_precision(models::ConvPrecision::Bf16),
         other => bail!("--amp {other}: expected none or bf16"),
     }
     match args.backend.as_str() {

@@ -1,6 +1,10 @@
 //! Burn's CUDA backends (with and without fusion) implement [`ConvBackend`] with cuDNN
 //! ([`super::cudnn`]); when `libcudnn` cannot be loaded, or for a case cuDNN is not used for
 //! (groups ≠ 1, not f32), they keep Burn's own conv, saying so once.
+//!
+//! With [`ConvPrecision::Bf16`] (`--amp bf16`) each pass casts its f32 operands to bf16 on the
+//! device, runs cuDNN on bf16 with f32 accumulation, and casts the result back to f32: the model,
+//! its gradients and the optimizer never see bf16, as with PyTorch's autocast.
 
 use std::sync::Once;
 
@@ -13,6 +17,7 @@ use cubecl::cuda::CudaRuntime;
 use super::ConvBackend;
 use super::cpu::Geometry;
 use super::cudnn::{self, Pass, Pointers, Problem};
+use crate::switch::{ConvPrecision, conv_precision};
 
 pub(crate) use burn_dist::{CubeAccess, CudaFused, CudaRaw};
 
@@ -44,8 +49,15 @@ fn dims4(shape: &Shape) -> Option<[usize; 4]> {
     (shape.num_dims() == 4).then(|| [shape[0], shape[1], shape[2], shape[3]])
 }
 
-/// The cuDNN problem, when cuDNN takes this case: f32, groups 1, a non-empty output.
-fn problem(x: &Shape, w: &Shape, dtypes: &[DType], options: &ConvOptions<2>) -> Option<Problem> {
+/// The cuDNN problem, when cuDNN takes this case: f32 tensors, groups 1, a non-empty output;
+/// computed in `precision`.
+fn problem(
+    x: &Shape,
+    w: &Shape,
+    dtypes: &[DType],
+    options: &ConvOptions<2>,
+    precision: ConvPrecision,
+) -> Option<Problem> {
     if options.groups != 1 || dtypes.iter().any(|d| *d != DType::F32) {
         return None;
     }
@@ -61,7 +73,41 @@ fn problem(x: &Shape, w: &Shape, dtypes: &[DType], options: &ConvOptions<2>) -> 
         stride: options.stride,
         padding: options.padding,
         dilation: options.dilation,
+        bf16: precision == ConvPrecision::Bf16,
     })
+}
+
+/// An operand as cuDNN reads it: contiguous, cast to bf16 on the device for a bf16 problem.
+fn operand(t: CubeTensor<CudaRuntime>, p: &Problem) -> CubeTensor<CudaRuntime> {
+    let t = contiguous(t);
+    if p.bf16 {
+        contiguous(CudaRaw::float_cast(t, FloatDType::BF16))
+    } else {
+        t
+    }
+}
+
+/// A fresh output of `shape` in the problem's precision.
+fn output(
+    shape: [usize; 4],
+    device: &<CudaRuntime as cubecl::Runtime>::Device,
+    p: &Problem,
+) -> CubeTensor<CudaRuntime> {
+    let dtype = if p.bf16 {
+        FloatDType::BF16
+    } else {
+        FloatDType::F32
+    };
+    CudaRaw::float_empty(Shape::new(shape), device, dtype)
+}
+
+/// A pass's result back in f32.
+fn to_f32(t: CubeTensor<CudaRuntime>, p: &Problem) -> CubeTensor<CudaRuntime> {
+    if p.bf16 {
+        CudaRaw::float_cast(t, FloatDType::F32)
+    } else {
+        t
+    }
 }
 
 fn contiguous(t: CubeTensor<CudaRuntime>) -> CubeTensor<CudaRuntime> {
@@ -91,8 +137,8 @@ fn run_pass(
     // cuDNN runs on its own stream: whatever Burn queued that writes an input must be done.
     CudaRaw::sync(&x.device)
         .map_err(|e| cudnn::CudnnFailure(format!("synchronising Burn's work: {e:?}")))?;
-    // SAFETY: the three tensors are contiguous f32 of the problem's shapes on `x.device`
-    // (checked by `problem` and made contiguous by the callers), they are borrowed for the whole
+    // SAFETY: the three tensors are contiguous, of the problem's shapes and dtype, on `x.device`
+    // (checked by `problem`, made contiguous and cast by the callers), they are borrowed for the whole
     // call so cubecl cannot reuse their memory, Burn's work was synchronised above, and the
     // output is a fresh tensor nothing reads before `run` returns (it synchronises its stream).
     unsafe { cudnn::run(x.device.index, pass, problem, &pointers) }
@@ -105,8 +151,14 @@ fn forward<B: CubeAccess>(
     options: ConvOptions<2>,
 ) -> FloatTensor<B> {
     let dtypes = [x.dtype(), weight.dtype()];
-    let Some(p) = problem(&x.shape(), &weight.shape(), &dtypes, &options).filter(|_| cudnn_ready())
-    else {
+    let Some(p) = problem(
+        &x.shape(),
+        &weight.shape(),
+        &dtypes,
+        &options,
+        conv_precision(),
+    )
+    .filter(|_| cudnn_ready()) else {
         return B::conv2d(x, weight, bias, options);
     };
     let device = B::float_device(&x);
@@ -114,9 +166,15 @@ fn forward<B: CubeAccess>(
         contiguous(B::into_cube(x)),
         contiguous(B::into_cube(weight)),
     );
-    let y = CudaRaw::float_empty(Shape::new(p.y), &x.device, FloatDType::F32);
-    let y = match run_pass(Pass::Forward, &p, &x, &w, &y) {
-        Ok(()) => y,
+    let y = output(p.y, &x.device, &p);
+    let y = match run_pass(
+        Pass::Forward,
+        &p,
+        &operand(x.clone(), &p),
+        &operand(w.clone(), &p),
+        &y,
+    ) {
+        Ok(()) => to_f32(y, &p),
         Err(e) => {
             warn_failure(&e);
             CudaRaw::conv2d(x, w, None, options)
@@ -139,9 +197,14 @@ fn input_grad<B: CubeAccess>(
     options: ConvOptions<2>,
 ) -> FloatTensor<B> {
     let dtypes = [x.dtype(), weight.dtype(), output_grad.dtype()];
-    let Some(p) = problem(&x.shape(), &weight.shape(), &dtypes, &options)
-        .filter(|p| dims4(&output_grad.shape()) == Some(p.y) && cudnn_ready())
-    else {
+    let Some(p) = problem(
+        &x.shape(),
+        &weight.shape(),
+        &dtypes,
+        &options,
+        conv_precision(),
+    )
+    .filter(|p| dims4(&output_grad.shape()) == Some(p.y) && cudnn_ready()) else {
         return B::conv2d_x_backward(x, weight, output_grad, options);
     };
     let device = B::float_device(&x);
@@ -150,9 +213,15 @@ fn input_grad<B: CubeAccess>(
         contiguous(B::into_cube(weight)),
         contiguous(B::into_cube(output_grad)),
     );
-    let dx = CudaRaw::float_empty(Shape::new(p.x), &x.device, FloatDType::F32);
-    let dx = match run_pass(Pass::InputGrad, &p, &dx, &w, &dy) {
-        Ok(()) => dx,
+    let dx = output(p.x, &x.device, &p);
+    let dx = match run_pass(
+        Pass::InputGrad,
+        &p,
+        &dx,
+        &operand(w.clone(), &p),
+        &operand(dy.clone(), &p),
+    ) {
+        Ok(()) => to_f32(dx, &p),
         Err(e) => {
             warn_failure(&e);
             CudaRaw::conv2d_x_backward(x, w, dy, options)
@@ -168,9 +237,14 @@ fn weight_grad<B: CubeAccess>(
     options: ConvOptions<2>,
 ) -> FloatTensor<B> {
     let dtypes = [x.dtype(), weight.dtype(), output_grad.dtype()];
-    let Some(p) = problem(&x.shape(), &weight.shape(), &dtypes, &options)
-        .filter(|p| dims4(&output_grad.shape()) == Some(p.y) && cudnn_ready())
-    else {
+    let Some(p) = problem(
+        &x.shape(),
+        &weight.shape(),
+        &dtypes,
+        &options,
+        conv_precision(),
+    )
+    .filter(|p| dims4(&output_grad.shape()) == Some(p.y) && cudnn_ready()) else {
         return B::conv2d_weight_backward(x, weight, output_grad, options);
     };
     let device = B::float_device(&x);
@@ -179,9 +253,15 @@ fn weight_grad<B: CubeAccess>(
         contiguous(B::into_cube(x)),
         contiguous(B::into_cube(output_grad)),
     );
-    let dw = CudaRaw::float_empty(Shape::new(p.w), &x.device, FloatDType::F32);
-    let dw = match run_pass(Pass::WeightGrad, &p, &x, &dw, &dy) {
-        Ok(()) => dw,
+    let dw = output(p.w, &x.device, &p);
+    let dw = match run_pass(
+        Pass::WeightGrad,
+        &p,
+        &operand(x.clone(), &p),
+        &dw,
+        &operand(dy.clone(), &p),
+    ) {
+        Ok(()) => to_f32(dw, &p),
         Err(e) => {
             warn_failure(&e);
             CudaRaw::conv2d_weight_backward(x, w, dy, options)
@@ -254,11 +334,16 @@ mod tests {
     fn cudnn_takes_f32_groups_one_only() {
         let options = ConvOptions::new([2, 2], [1, 1], [1, 1], 1);
         let (x, w) = (Shape::new([2, 4, 9, 9]), Shape::new([8, 4, 3, 3]));
-        let p = problem(&x, &w, &[DType::F32, DType::F32], &options).expect("a cuDNN case");
+        let f32s = [DType::F32, DType::F32];
+        let p = problem(&x, &w, &f32s, &options, ConvPrecision::F32).expect("a cuDNN case");
         assert_eq!(p.y, [2, 8, 5, 5]);
-        assert!(problem(&x, &w, &[DType::F16, DType::F32], &options).is_none());
+        assert!(!p.bf16);
+        let p = problem(&x, &w, &f32s, &options, ConvPrecision::Bf16).expect("a bf16 case");
+        assert!(p.bf16, "--amp bf16 makes a bf16 problem of f32 tensors");
+        let f16 = [DType::F16, DType::F32];
+        assert!(problem(&x, &w, &f16, &options, ConvPrecision::F32).is_none());
         let grouped = ConvOptions::new([1, 1], [1, 1], [1, 1], 2);
         let w2 = Shape::new([8, 2, 3, 3]);
-        assert!(problem(&x, &w2, &[DType::F32, DType::F32], &grouped).is_none());
+        assert!(problem(&x, &w2, &f32s, &grouped, ConvPrecision::F32).is_none());
     }
 }

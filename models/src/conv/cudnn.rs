@@ -37,9 +37,11 @@ pub(crate) struct Problem {
     pub stride: [usize; 2],
     pub padding: [usize; 2],
     pub dilation: [usize; 2],
+    /// The three tensors are bf16 (cuDNN still accumulates in f32), not f32.
+    pub bf16: bool,
 }
 
-/// Device addresses of one call's tensors (contiguous f32, NCHW).
+/// Device addresses of one call's tensors (contiguous, NCHW, f32 or bf16 as the problem says).
 pub(crate) struct Pointers {
     pub x: u64,
     pub w: u64,
@@ -169,7 +171,13 @@ fn dims(d: [usize; 4]) -> Result<[c_int; 4], CudnnFailure> {
 
 impl Descriptors {
     fn new(p: &Problem) -> Result<Self, CudnnFailure> {
+        // The conv's compute type stays f32 in both cases: bf16 storage, f32 accumulation.
         let f32_ = sys::cudnnDataType_t::CUDNN_DATA_FLOAT;
+        let data = if p.bf16 {
+            sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16
+        } else {
+            f32_
+        };
         let nchw = sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
         let d = Self {
             x: dnn::create_tensor_descriptor().map_err(fail("tensor descriptor"))?,
@@ -181,16 +189,17 @@ impl Descriptors {
         let [sh, sw] = [p.stride[0] as c_int, p.stride[1] as c_int];
         let [dh, dw] = [p.dilation[0] as c_int, p.dilation[1] as c_int];
         let tf32 = std::env::var("BURN_HOROVOD_CUDNN_TF32").is_ok_and(|v| v == "1");
-        let math = if tf32 {
+        // bf16 needs tensor cores (DEFAULT allows them); strict FMA math would refuse it.
+        let math = if tf32 || p.bf16 {
             sys::cudnnMathType_t::CUDNN_DEFAULT_MATH
         } else {
             sys::cudnnMathType_t::CUDNN_FMA_MATH
         };
         // SAFETY: all four descriptors were created above and are set once each.
         unsafe {
-            dnn::set_tensor4d_descriptor(d.x, nchw, f32_, dims(p.x)?).map_err(fail("x desc"))?;
-            dnn::set_tensor4d_descriptor(d.y, nchw, f32_, dims(p.y)?).map_err(fail("y desc"))?;
-            dnn::set_filter4d_descriptor(d.w, f32_, nchw, dims(p.w)?).map_err(fail("w desc"))?;
+            dnn::set_tensor4d_descriptor(d.x, nchw, data, dims(p.x)?).map_err(fail("x desc"))?;
+            dnn::set_tensor4d_descriptor(d.y, nchw, data, dims(p.y)?).map_err(fail("y desc"))?;
+            dnn::set_filter4d_descriptor(d.w, data, nchw, dims(p.w)?).map_err(fail("w desc"))?;
             dnn::set_convolution2d_descriptor(
                 d.conv,
                 ph,
