@@ -16,8 +16,9 @@ To compare builds or switches in the same run, name each binary (repeatable):
 binary runs after PyTorch, one at a time, so they never share the cores.
 
 On a shared machine, `--rounds N` repeats PyTorch and every binary N times, interleaved
-(PyTorch, A, B, PyTorch, A, B, ...), and reports each one's median with the spread, so a slow
-minute on the host moves one round and not the ratio.
+(PyTorch, A, B, PyTorch, A, B, ...), and reports each one's median, every round, and the median
+of the paired ratios (each round's figure over that round's PyTorch figure), so a slow minute on
+the host moves one round and not the ratio.
 """
 import argparse
 import json
@@ -99,11 +100,18 @@ def main():
     theirs = statistics.median(figures[torch_label])
     print(f"# {a.model} batch {a.batch} at {a.image_size}x{a.image_size}, CPU, {a.threads} threads"
           + (f", median of {a.rounds} interleaved rounds" if a.rounds > 1 else ""))
-    print(f"# {'impl':<28} {'step(img/s)':>12} {'ratio(vs torch)':>16}  rounds")
+    # With rounds, the paired ratio (each round's figure over the PyTorch figure of the same
+    # round, minutes apart) is the one that cancels the host's drift; its median is reported.
+    paired_head = f" {'paired ratio':>13}" if a.rounds > 1 else ""
+    print(f"# {'impl':<28} {'step(img/s)':>12} {'ratio(vs torch)':>16}{paired_head}  rounds")
     for label, values in figures.items():
         ips = statistics.median(values)
         each = " ".join(f"{v:.2f}" for v in values) if len(values) > 1 else ""
-        print(f"  {label:<28} {ips:>12.2f} {ips / theirs:>15.2f}x  {each}")
+        paired = ""
+        if a.rounds > 1:
+            ratios = [v / t for v, t in zip(values, figures[torch_label])]
+            paired = f" {statistics.median(ratios):>12.2f}x"
+        print(f"  {label:<28} {ips:>12.2f} {ips / theirs:>15.2f}x{paired}  {each}")
 
 if __name__ == "__main__":
     main()
