@@ -102,7 +102,8 @@ fn flex_planes(x: &FlexTensor, per_channel: &[&FlexTensor]) -> Option<Planes> {
     })
 }
 
-/// A contiguous copy only when the layout is strided or offset; then its storage is the tensor.
+/// The elements of a tensor made by `to_contiguous` (which copies only a strided or offset
+/// layout, so that its storage is exactly the tensor, in order).
 fn values(t: &FlexTensor) -> &[f32] {
     t.storage::<f32>()
 }
