@@ -30,6 +30,7 @@ mod error;
 pub mod nn;
 pub mod norm;
 mod path;
+mod primitive;
 mod resnet;
 mod switch;
 pub mod torchvision;

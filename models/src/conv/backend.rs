@@ -9,10 +9,11 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ConvOptions, FloatTensor, ModuleOps};
-use burn::tensor::{DType, Shape, TensorData, TensorMetadata};
+use burn::tensor::{DType, TensorMetadata};
 use burn_flex::{Flex, FlexTensor};
 
 use super::cpu::{self, Geometry};
+use crate::primitive::{contiguous, flex_f32, values};
 
 /// A backend with its own 2-D convolution and gradients.
 ///
@@ -86,20 +87,6 @@ fn flex_geometry(
     Geometry::new(xd, wd, options.stride, options.padding, options.dilation)
 }
 
-/// A contiguous `f32` view; copies only when the layout is strided or offset.
-fn contiguous(t: FlexTensor) -> FlexTensor {
-    t.to_contiguous()
-}
-
-fn values(t: &FlexTensor) -> &[f32] {
-    // `to_contiguous` guarantees that the storage is exactly the tensor, in order.
-    t.storage::<f32>()
-}
-
-fn flex_tensor(values: Vec<f32>, shape: [usize; 4]) -> FlexTensor {
-    FlexTensor::from_data(TensorData::new(values, Shape::new(shape)))
-}
-
 impl ConvBackend for Flex {
     fn conv2d_forward(
         x: FlexTensor,
@@ -114,7 +101,7 @@ impl ConvBackend for Flex {
         let (x, weight) = (contiguous(x), contiguous(weight));
         let bias = bias.map(contiguous);
         let y = cpu::forward(&g, values(&x), values(&weight), bias.as_ref().map(values));
-        flex_tensor(y, [g.batch, g.c_out, g.out[0], g.out[1]])
+        flex_f32(y, &[g.batch, g.c_out, g.out[0], g.out[1]])
     }
 
     fn conv2d_input_grad(
@@ -130,7 +117,7 @@ impl ConvBackend for Flex {
         };
         let (weight, dy) = (contiguous(weight), contiguous(output_grad));
         let dx = cpu::input_grad(&g, values(&weight), values(&dy));
-        flex_tensor(dx, [g.batch, g.c_in, g.height, g.width])
+        flex_f32(dx, &[g.batch, g.c_in, g.height, g.width])
     }
 
     fn conv2d_weight_grad(
@@ -146,7 +133,7 @@ impl ConvBackend for Flex {
         };
         let (x, dy) = (contiguous(x), contiguous(output_grad));
         let dw = cpu::weight_grad(&g, values(&x), values(&dy));
-        flex_tensor(dw, [g.c_out, g.c_in, g.kernel[0], g.kernel[1]])
+        flex_f32(dw, &[g.c_out, g.c_in, g.kernel[0], g.kernel[1]])
     }
 
     fn conv2d_bias_grad(x: FlexTensor, bias: FlexTensor, output_grad: FlexTensor) -> FlexTensor {
@@ -169,7 +156,7 @@ impl ConvBackend for Flex {
             out: [h, w],
         };
         let db = cpu::bias_grad(&g, values(&dy));
-        FlexTensor::from_data(TensorData::new(db, Shape::new([c])))
+        flex_f32(db, &[c])
     }
 }
 

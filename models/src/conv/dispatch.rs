@@ -7,12 +7,13 @@
 //! gets Burn's op. Code that already has the bound calls [`conv2d_with`] directly.
 
 use burn::backend::Autodiff;
+use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ConvOptions, PaddedConvOptions};
-use burn::tensor::{Tensor, TensorPrimitive};
 use burn_flex::Flex;
 
 use super::ConvBackend;
+use crate::primitive::{float, primitive};
 use crate::switch::{OpImpl, cast, conv_impl};
 
 type Args<B> = (Tensor<B, 4>, Tensor<B, 4>, Option<Tensor<B, 1>>);
@@ -73,10 +74,10 @@ pub fn conv2d_with<B: ConvBackend>(
     options: ConvOptions<2>,
 ) -> Tensor<B, 4> {
     let y = B::conv2d_forward(
-        x.into_primitive().tensor(),
-        weight.into_primitive().tensor(),
-        bias.map(|b| b.into_primitive().tensor()),
+        primitive(x),
+        primitive(weight),
+        bias.map(primitive),
         options,
     );
-    Tensor::from_primitive(TensorPrimitive::Float(y))
+    float(y)
 }

@@ -9,11 +9,12 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Shape, Tensor, TensorData, TensorMetadata, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorMetadata};
 use burn_flex::{Flex, FlexTensor};
 
 use super::cpu::{self, Planes};
 use super::reference;
+use crate::primitive::{contiguous, flex_f32, float, primitive, values};
 
 /// A training forward: the output and the batch statistics it normalised with.
 #[derive(Debug)]
@@ -82,10 +83,6 @@ pub trait BatchNormBackend: Backend {
     }
 }
 
-fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(t))
-}
-
 /// The layout when our kernels handle the case (4-D `f32` input, `[C]` `f32` parameters).
 fn flex_planes(x: &FlexTensor, per_channel: &[&FlexTensor]) -> Option<Planes> {
     let shape = x.shape();
@@ -102,16 +99,6 @@ fn flex_planes(x: &FlexTensor, per_channel: &[&FlexTensor]) -> Option<Planes> {
     })
 }
 
-/// The elements of a tensor made by `to_contiguous` (which copies only a strided or offset
-/// layout, so that its storage is exactly the tensor, in order).
-fn values(t: &FlexTensor) -> &[f32] {
-    t.storage::<f32>()
-}
-
-fn flex_tensor(values: Vec<f32>, shape: &[usize]) -> FlexTensor {
-    FlexTensor::from_data(TensorData::new(values, Shape::from(shape.to_vec())))
-}
-
 impl BatchNormBackend for Flex {
     fn batch_norm_train(
         x: FlexTensor,
@@ -123,13 +110,13 @@ impl BatchNormBackend for Flex {
             return reference_train::<Self>(x, gamma, beta, epsilon);
         };
         let shape = x.shape().to_vec();
-        let [x, gamma, beta] = [x, gamma, beta].map(|t| t.to_contiguous());
+        let [x, gamma, beta] = [x, gamma, beta].map(contiguous);
         let (y, mean, var) =
             cpu::train_forward(&p, values(&x), values(&gamma), values(&beta), epsilon);
         BatchNormOutput {
-            output: flex_tensor(y, &shape),
-            mean: flex_tensor(mean, &[p.channels]),
-            var: flex_tensor(var, &[p.channels]),
+            output: flex_f32(y, &shape),
+            mean: flex_f32(mean, &[p.channels]),
+            var: flex_f32(var, &[p.channels]),
         }
     }
 
@@ -147,8 +134,7 @@ impl BatchNormBackend for Flex {
             return reference_grads::<Self>(x, gamma, mean, var, output_grad, epsilon);
         };
         let shape = x.shape().to_vec();
-        let [x, gamma, mean, var, dy] =
-            [x, gamma, mean, var, output_grad].map(|t| t.to_contiguous());
+        let [x, gamma, mean, var, dy] = [x, gamma, mean, var, output_grad].map(contiguous);
         let (dx, dgamma, dbeta) = cpu::backward(
             &p,
             values(&x),
@@ -159,9 +145,9 @@ impl BatchNormBackend for Flex {
             epsilon,
         );
         BatchNormGrads {
-            x: flex_tensor(dx, &shape),
-            gamma: flex_tensor(dgamma, &[p.channels]),
-            beta: flex_tensor(dbeta, &[p.channels]),
+            x: flex_f32(dx, &shape),
+            gamma: flex_f32(dgamma, &[p.channels]),
+            beta: flex_f32(dbeta, &[p.channels]),
         }
     }
 
@@ -177,7 +163,7 @@ impl BatchNormBackend for Flex {
             return reference_eval::<Self>(x, gamma, beta, mean, var, epsilon);
         };
         let shape = x.shape().to_vec();
-        let [x, gamma, beta, mean, var] = [x, gamma, beta, mean, var].map(|t| t.to_contiguous());
+        let [x, gamma, beta, mean, var] = [x, gamma, beta, mean, var].map(contiguous);
         let (scale, shift) = cpu::affine(
             values(&mean),
             values(&var),
@@ -185,7 +171,7 @@ impl BatchNormBackend for Flex {
             values(&beta),
             epsilon,
         );
-        flex_tensor(cpu::scale_shift(&p, values(&x), &scale, &shift), &shape)
+        flex_f32(cpu::scale_shift(&p, values(&x), &scale, &shift), &shape)
     }
 }
 
@@ -209,10 +195,10 @@ fn reference_train<B: Backend>(
     );
     let flat = |t: Tensor<B, 4>| {
         let c = t.dims()[1];
-        t.reshape([c]).into_primitive().tensor()
+        primitive(t.reshape([c]))
     };
     BatchNormOutput {
-        output: output.into_primitive().tensor(),
+        output: primitive(output),
         mean: flat(mean),
         var: flat(var),
     }
@@ -235,9 +221,9 @@ fn reference_grads<B: Backend>(
         epsilon,
     );
     BatchNormGrads {
-        x: x.into_primitive().tensor(),
-        gamma: gamma.into_primitive().tensor(),
-        beta: beta.into_primitive().tensor(),
+        x: primitive(x),
+        gamma: primitive(gamma),
+        beta: primitive(beta),
     }
 }
 
@@ -253,9 +239,14 @@ fn reference_eval<B: Backend>(
     let c = x.dims()[1];
     let mean = float::<B, 1>(mean).reshape([1, c, 1, 1]);
     let var = float::<B, 1>(var).reshape([1, c, 1, 1]);
-    reference::normalize(x, mean, var, float(gamma), float(beta), epsilon)
-        .into_primitive()
-        .tensor()
+    primitive(reference::normalize(
+        x,
+        mean,
+        var,
+        float(gamma),
+        float(beta),
+        epsilon,
+    ))
 }
 
 impl<B: BatchNormBackend, C: CheckpointStrategy> BatchNormBackend for Autodiff<B, C> {
@@ -359,8 +350,8 @@ mod tests {
         let c = |mean| Tensor::<Flex, 1>::random([6], Distribution::Normal(mean, 0.5), &device);
         let (x, dy) = (t([3, 6, 5, 9], 2.0), t([3, 6, 5, 9], 0.0));
         let (gamma, beta) = (c(1.0), c(0.0));
-        let p = |t: &Tensor<Flex, 4>| t.clone().into_primitive().tensor();
-        let q = |t: &Tensor<Flex, 1>| t.clone().into_primitive().tensor();
+        let p = |t: &Tensor<Flex, 4>| primitive(t.clone());
+        let q = |t: &Tensor<Flex, 1>| primitive(t.clone());
 
         let fused = Flex::batch_norm_train(p(&x), q(&gamma), q(&beta), 1e-5);
         let refd = reference_train::<Flex>(p(&x), q(&gamma), q(&beta), 1e-5);

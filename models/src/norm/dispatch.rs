@@ -3,24 +3,17 @@
 //! backend, and the `burn` choice, keeps Burn's arithmetic.
 
 use burn::backend::Autodiff;
+use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorPrimitive};
 use burn_flex::Flex;
 
 use super::BatchNormBackend;
+use crate::primitive::{float, primitive};
 use crate::switch::cast;
 
 /// `(output, mean, biased var)` of a training forward.
 pub(crate) type TrainOutput<B> = (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>);
 type TrainArgs<B> = (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>);
-
-fn primitive<B: Backend, const D: usize>(t: Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {
-    t.into_primitive().tensor()
-}
-
-fn tensor<B: Backend, const D: usize>(t: burn::tensor::ops::FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(t))
-}
 
 fn train_on<B: Backend, E: BatchNormBackend>(
     args: TrainArgs<B>,
@@ -28,7 +21,7 @@ fn train_on<B: Backend, E: BatchNormBackend>(
 ) -> Result<TrainOutput<B>, TrainArgs<B>> {
     let (x, gamma, beta) = cast::<TrainArgs<B>, TrainArgs<E>>(args)?;
     let out = E::batch_norm_train(primitive(x), primitive(gamma), primitive(beta), epsilon);
-    let out: TrainOutput<E> = (tensor(out.output), tensor(out.mean), tensor(out.var));
+    let out: TrainOutput<E> = (float(out.output), float(out.mean), float(out.var));
     Ok(cast(out).unwrap_or_else(|_| unreachable!("B is E")))
 }
 
@@ -70,7 +63,7 @@ pub(crate) fn eval<B: Backend>(
         primitive(var),
         epsilon,
     );
-    Ok(cast(tensor::<Flex, 4>(y)).unwrap_or_else(|_| unreachable!("B is Flex")))
+    Ok(cast(float::<Flex, 4>(y)).unwrap_or_else(|_| unreachable!("B is Flex")))
 }
 
 #[cfg(test)]
