@@ -139,29 +139,34 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+/// Random x, weight, bias and dy for `case`; our op and Burn's must agree on all four results.
+fn check_against_burn(case: &Case, device: &burn::tensor::Device<TestBackend>) {
+    let [h, w] = case.size;
+    let normal = Distribution::Normal(0.0, 1.0);
+    let x = Tensor::random([case.batch, case.c_in, h, w], normal, device);
+    let weight = Tensor::random(
+        [case.c_out, case.c_in, case.kernel, case.kernel],
+        normal,
+        device,
+    );
+    let bias = case
+        .bias
+        .then(|| Tensor::random([case.c_out], normal, device));
+    let y_dims =
+        burn::tensor::module::conv2d(x.clone(), weight.clone(), bias.clone(), case.options())
+            .dims();
+    let dy = Tensor::random(y_dims, normal, device);
+    let ours = run(true, case.options(), &x, &weight, bias.as_ref(), &dy);
+    let burns = run(false, case.options(), &x, &weight, bias.as_ref(), &dy);
+    assert_results(case, &ours, &burns);
+}
+
 #[test]
 fn matches_burns_conv_forward_and_gradients() {
     let device = Default::default();
     TestBackend::seed(&device, 42);
     for case in cases() {
-        let [h, w] = case.size;
-        let normal = Distribution::Normal(0.0, 1.0);
-        let x = Tensor::random([case.batch, case.c_in, h, w], normal, &device);
-        let weight = Tensor::random(
-            [case.c_out, case.c_in, case.kernel, case.kernel],
-            normal,
-            &device,
-        );
-        let bias = case
-            .bias
-            .then(|| Tensor::random([case.c_out], normal, &device));
-        let y_dims =
-            burn::tensor::module::conv2d(x.clone(), weight.clone(), bias.clone(), case.options())
-                .dims();
-        let dy = Tensor::random(y_dims, normal, &device);
-        let ours = run(true, case.options(), &x, &weight, bias.as_ref(), &dy);
-        let burns = run(false, case.options(), &x, &weight, bias.as_ref(), &dy);
-        assert_results(&case, &ours, &burns);
+        check_against_burn(&case, &device);
     }
 }
 
@@ -195,24 +200,7 @@ fn chunked_batches_match_burns_conv() {
             bias: true,
         },
     ] {
-        let [h, w] = case.size;
-        let normal = Distribution::Normal(0.0, 1.0);
-        let x = Tensor::random([case.batch, case.c_in, h, w], normal, &device);
-        let weight = Tensor::random(
-            [case.c_out, case.c_in, case.kernel, case.kernel],
-            normal,
-            &device,
-        );
-        let bias = case
-            .bias
-            .then(|| Tensor::random([case.c_out], normal, &device));
-        let y_dims =
-            burn::tensor::module::conv2d(x.clone(), weight.clone(), bias.clone(), case.options())
-                .dims();
-        let dy = Tensor::random(y_dims, normal, &device);
-        let ours = run(true, case.options(), &x, &weight, bias.as_ref(), &dy);
-        let burns = run(false, case.options(), &x, &weight, bias.as_ref(), &dy);
-        assert_results(&case, &ours, &burns);
+        check_against_burn(&case, &device);
     }
 }
 
