@@ -474,6 +474,57 @@ fn side_by_side<'a>(g: &Geometry, dy: &'a [f32], nb: usize, wide: &'a mut [f32])
     &wide[..len]
 }
 
+/// One parallel task's share of a pass: a contiguous group of images, processed in chunks of at
+/// most `nb_max`, with its own scratch buffers.
+struct Group {
+    /// The group's first image.
+    first: usize,
+    end: usize,
+    nb_max: usize,
+    col: Scratch,
+    wide: Scratch,
+    /// Threads inside each GEMM ([`Geometry::plan`]).
+    parallelism: Parallelism,
+}
+
+impl Group {
+    fn new(g: &Geometry, images: std::ops::Range<usize>, parallelism: Parallelism) -> Self {
+        let nb_max = g.chunk(images.len());
+        Self {
+            first: images.start,
+            end: images.end,
+            nb_max,
+            col: g.col_scratch(nb_max),
+            wide: g.wide_scratch(nb_max),
+            parallelism,
+        }
+    }
+
+    /// `(first image, images)` of each chunk, in order.
+    fn chunks(&self) -> impl Iterator<Item = (usize, usize)> + use<> {
+        let (end, nb_max) = (self.end, self.nb_max);
+        (self.first..end)
+            .step_by(nb_max)
+            .map(move |start| (start, nb_max.min(end - start)))
+    }
+}
+
+/// Splits the batch into [`Geometry::plan`]'s groups and runs `pass` on each in parallel, with the
+/// group's slice of `out` (`item` elements per image).
+fn for_each_group(
+    g: &Geometry,
+    out: &mut [f32],
+    item: usize,
+    pass: impl Fn(&mut [f32], Group) + Sync,
+) {
+    let (ranges, parallelism) = g.plan();
+    let mut outputs = split_by_ranges(out, &ranges, item);
+    outputs
+        .par_iter_mut()
+        .zip(ranges.par_iter())
+        .for_each(|(out, range)| pass(out, Group::new(g, range.clone(), parallelism)));
+}
+
 /// Forward: `y[n] = W · col(x[n]) (+ bias)`.
 ///
 /// # Shapes
@@ -482,49 +533,39 @@ fn side_by_side<'a>(g: &Geometry, dy: &'a [f32], nb: usize, wide: &'a mut [f32])
 pub(crate) fn forward(g: &Geometry, x: &[f32], weight: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
     let (k, p) = (g.k(), g.pixels());
     let mut y = vec![0.0f32; g.batch * g.out_image_len()];
-    let (ranges, inner) = g.plan();
-    let mut outputs = split_by_ranges(&mut y, &ranges, g.out_image_len());
-    outputs
-        .par_iter_mut()
-        .zip(ranges.par_iter())
-        .for_each(|(y, range)| {
-            let nb_max = g.chunk(range.len());
-            let mut col = g.col_scratch(nb_max);
-            let mut wide = g.wide_scratch(nb_max);
-            for start in range.clone().step_by(nb_max) {
-                let nb = nb_max.min(range.end - start);
-                let cols = nb * p;
-                let x = &x[start * g.image_len()..][..nb * g.image_len()];
-                let col = columns(g, x, nb, &mut col);
-                let y =
-                    &mut y[(start - range.start) * g.out_image_len()..][..nb * g.out_image_len()];
-                // One image is its own [Co, P] matrix: the GEMM writes it in place.
-                let dst = if nb == 1 {
-                    &mut *y
-                } else {
-                    &mut wide[..g.c_out * cols]
-                };
-                // SAFETY: weight is [Co, K] and col [K, cols], both inside their slices.
-                unsafe {
-                    matmul(
-                        [g.c_out, k, cols],
-                        dst,
-                        false,
-                        rows(weight, k),
-                        rows(col, cols),
-                        inner,
-                    );
-                }
-                if nb > 1 {
-                    scatter(&wide[..g.c_out * cols], y, g.c_out, p, nb);
-                }
-                if let Some(bias) = bias {
-                    for (plane, b) in y.chunks_mut(p).zip(bias.iter().cycle()) {
-                        plane.iter_mut().for_each(|v| *v += b);
-                    }
+    for_each_group(g, &mut y, g.out_image_len(), |y, mut group| {
+        for (start, nb) in group.chunks() {
+            let cols = nb * p;
+            let x = &x[start * g.image_len()..][..nb * g.image_len()];
+            let col = columns(g, x, nb, &mut group.col);
+            let y = &mut y[(start - group.first) * g.out_image_len()..][..nb * g.out_image_len()];
+            // One image is its own [Co, P] matrix: the GEMM writes it in place.
+            let dst = if nb == 1 {
+                &mut *y
+            } else {
+                &mut group.wide[..g.c_out * cols]
+            };
+            // SAFETY: weight is [Co, K] and col [K, cols], both inside their slices.
+            unsafe {
+                matmul(
+                    [g.c_out, k, cols],
+                    dst,
+                    false,
+                    rows(weight, k),
+                    rows(col, cols),
+                    group.parallelism,
+                );
+            }
+            if nb > 1 {
+                scatter(&group.wide[..g.c_out * cols], y, g.c_out, p, nb);
+            }
+            if let Some(bias) = bias {
+                for (plane, b) in y.chunks_mut(p).zip(bias.iter().cycle()) {
+                    plane.iter_mut().for_each(|v| *v += b);
                 }
             }
-        });
+        }
+    });
     y
 }
 
@@ -536,44 +577,35 @@ pub(crate) fn forward(g: &Geometry, x: &[f32], weight: &[f32], bias: Option<&[f3
 pub(crate) fn input_grad(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
     let (k, p) = (g.k(), g.pixels());
     let mut dx = vec![0.0f32; g.batch * g.image_len()];
-    let (ranges, inner) = g.plan();
-    let mut outputs = split_by_ranges(&mut dx, &ranges, g.image_len());
-    outputs
-        .par_iter_mut()
-        .zip(ranges.par_iter())
-        .for_each(|(dx, range)| {
-            let nb_max = g.chunk(range.len());
-            let mut col = g.col_scratch(nb_max);
-            let mut wide = g.wide_scratch(nb_max);
-            for start in range.clone().step_by(nb_max) {
-                let nb = nb_max.min(range.end - start);
-                let cols = nb * p;
-                let dy = &dy[start * g.out_image_len()..][..nb * g.out_image_len()];
-                let dy = side_by_side(g, dy, nb, &mut wide);
-                let dx = &mut dx[(start - range.start) * g.image_len()..][..nb * g.image_len()];
-                // For one image of a pointwise conv col2im is the identity: the GEMM writes dx.
-                let in_place = g.pointwise() && nb == 1;
-                let dst = if in_place {
-                    &mut *dx
-                } else {
-                    &mut col[..k * cols]
-                };
-                // SAFETY: Wᵀ is [K, Co] (weight read with swapped strides), dy [Co, cols].
-                unsafe {
-                    matmul(
-                        [k, g.c_out, cols],
-                        dst,
-                        false,
-                        transposed(weight, k),
-                        rows(dy, cols),
-                        inner,
-                    );
-                }
-                if !in_place {
-                    col2im(g, &col[..k * cols], nb, dx);
-                }
+    for_each_group(g, &mut dx, g.image_len(), |dx, mut group| {
+        for (start, nb) in group.chunks() {
+            let cols = nb * p;
+            let dy = &dy[start * g.out_image_len()..][..nb * g.out_image_len()];
+            let dy = side_by_side(g, dy, nb, &mut group.wide);
+            let dx = &mut dx[(start - group.first) * g.image_len()..][..nb * g.image_len()];
+            // For one image of a pointwise conv col2im is the identity: the GEMM writes dx.
+            let in_place = g.pointwise() && nb == 1;
+            let dst = if in_place {
+                &mut *dx
+            } else {
+                &mut group.col[..k * cols]
+            };
+            // SAFETY: Wᵀ is [K, Co] (weight read with swapped strides), dy [Co, cols].
+            unsafe {
+                matmul(
+                    [k, g.c_out, cols],
+                    dst,
+                    false,
+                    transposed(weight, k),
+                    rows(dy, cols),
+                    group.parallelism,
+                );
             }
-        });
+            if !in_place {
+                col2im(g, &group.col[..k * cols], nb, dx);
+            }
+        }
+    });
     dx
 }
 
@@ -585,21 +617,18 @@ pub(crate) fn input_grad(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
 /// - returns `[Co, Ci, kh, kw]`
 pub(crate) fn weight_grad(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     let (k, p) = (g.k(), g.pixels());
-    let (ranges, inner) = g.plan();
+    let (ranges, parallelism) = g.plan();
     let partials = ranges
         .par_iter()
         .map(|range| {
-            let nb_max = g.chunk(range.len());
+            let mut group = Group::new(g, range.clone(), parallelism);
             let mut dw = vec![0.0f32; g.c_out * k];
-            let mut col = g.col_scratch(nb_max);
-            let mut wide = g.wide_scratch(nb_max);
-            for (i, start) in range.clone().step_by(nb_max).enumerate() {
-                let nb = nb_max.min(range.end - start);
+            for (i, (start, nb)) in group.chunks().enumerate() {
                 let cols = nb * p;
                 let x = &x[start * g.image_len()..][..nb * g.image_len()];
-                let col = columns(g, x, nb, &mut col);
+                let col = columns(g, x, nb, &mut group.col);
                 let dy = &dy[start * g.out_image_len()..][..nb * g.out_image_len()];
-                let dy = side_by_side(g, dy, nb, &mut wide);
+                let dy = side_by_side(g, dy, nb, &mut group.wide);
                 // SAFETY: dy is [Co, cols]; colᵀ is [cols, K] (col read with swapped strides).
                 unsafe {
                     matmul(
@@ -608,7 +637,7 @@ pub(crate) fn weight_grad(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
                         i > 0,
                         rows(dy, cols),
                         transposed(col, cols),
-                        inner,
+                        group.parallelism,
                     );
                 }
             }
