@@ -190,47 +190,25 @@ fn forward<B: CubeAccess>(
     }
 }
 
-fn input_grad<B: CubeAccess>(
-    x: FloatTensor<B>,
-    weight: FloatTensor<B>,
-    output_grad: FloatTensor<B>,
+/// Burn's own op for a gradient pass.
+fn burn_gradient<C: Backend>(
+    pass: Pass,
+    x: FloatTensor<C>,
+    weight: FloatTensor<C>,
+    output_grad: FloatTensor<C>,
     options: ConvOptions<2>,
-) -> FloatTensor<B> {
-    let dtypes = [x.dtype(), weight.dtype(), output_grad.dtype()];
-    let Some(p) = problem(
-        &x.shape(),
-        &weight.shape(),
-        &dtypes,
-        &options,
-        conv_precision(),
-    )
-    .filter(|p| dims4(&output_grad.shape()) == Some(p.y) && cudnn_ready()) else {
-        return B::conv2d_x_backward(x, weight, output_grad, options);
-    };
-    let device = B::float_device(&x);
-    let x = B::into_cube(x);
-    let (w, dy) = (
-        contiguous(B::into_cube(weight)),
-        contiguous(B::into_cube(output_grad)),
-    );
-    let dx = output(p.x, &x.device, &p);
-    let dx = match run_pass(
-        Pass::InputGrad,
-        &p,
-        &dx,
-        &operand(w.clone(), &p),
-        &operand(dy.clone(), &p),
-    ) {
-        Ok(()) => to_f32(dx, &p),
-        Err(e) => {
-            warn_failure(&e);
-            CudaRaw::conv2d_x_backward(x, w, dy, options)
-        }
-    };
-    B::from_cube(dx, &device)
+) -> FloatTensor<C> {
+    match pass {
+        Pass::InputGrad => C::conv2d_x_backward(x, weight, output_grad, options),
+        Pass::WeightGrad => C::conv2d_weight_backward(x, weight, output_grad, options),
+        Pass::Forward => unreachable!("the forward pass is not a gradient"),
+    }
 }
 
-fn weight_grad<B: CubeAccess>(
+/// The input gradient (`Pass::InputGrad`) or weight gradient (`Pass::WeightGrad`) on cuDNN, or
+/// Burn's op when cuDNN does not take the case or fails.
+fn gradient<B: CubeAccess>(
+    pass: Pass,
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     output_grad: FloatTensor<B>,
@@ -245,29 +223,31 @@ fn weight_grad<B: CubeAccess>(
         conv_precision(),
     )
     .filter(|p| dims4(&output_grad.shape()) == Some(p.y) && cudnn_ready()) else {
-        return B::conv2d_weight_backward(x, weight, output_grad, options);
+        return burn_gradient::<B>(pass, x, weight, output_grad, options);
     };
     let device = B::float_device(&x);
-    let w = B::into_cube(weight);
-    let (x, dy) = (
-        contiguous(B::into_cube(x)),
-        contiguous(B::into_cube(output_grad)),
+    let (x, w, dy) = (
+        B::into_cube(x),
+        B::into_cube(weight),
+        B::into_cube(output_grad),
     );
-    let dw = output(p.w, &x.device, &p);
-    let dw = match run_pass(
-        Pass::WeightGrad,
-        &p,
-        &operand(x.clone(), &p),
-        &dw,
-        &operand(dy.clone(), &p),
-    ) {
-        Ok(()) => to_f32(dw, &p),
+    let input = pass == Pass::InputGrad;
+    // cuDNN writes the gradient where that pass's output tensor (dx or dw) goes.
+    let grad = output(if input { p.x } else { p.w }, &x.device, &p);
+    let dy_operand = operand(dy.clone(), &p);
+    let ran = if input {
+        run_pass(pass, &p, &grad, &operand(w.clone(), &p), &dy_operand)
+    } else {
+        run_pass(pass, &p, &operand(x.clone(), &p), &grad, &dy_operand)
+    };
+    let grad = match ran {
+        Ok(()) => to_f32(grad, &p),
         Err(e) => {
             warn_failure(&e);
-            CudaRaw::conv2d_weight_backward(x, w, dy, options)
+            burn_gradient::<CudaRaw>(pass, x, w, dy, options)
         }
     };
-    B::from_cube(dw, &device)
+    B::from_cube(grad, &device)
 }
 
 macro_rules! cudnn_conv_backend {
@@ -288,7 +268,7 @@ macro_rules! cudnn_conv_backend {
                 output_grad: FloatTensor<Self>,
                 options: ConvOptions<2>,
             ) -> FloatTensor<Self> {
-                input_grad::<Self>(x, weight, output_grad, options)
+                gradient::<Self>(Pass::InputGrad, x, weight, output_grad, options)
             }
 
             fn conv2d_weight_grad(
@@ -297,7 +277,7 @@ macro_rules! cudnn_conv_backend {
                 output_grad: FloatTensor<Self>,
                 options: ConvOptions<2>,
             ) -> FloatTensor<Self> {
-                weight_grad::<Self>(x, weight, output_grad, options)
+                gradient::<Self>(Pass::WeightGrad, x, weight, output_grad, options)
             }
         }
     };
