@@ -15,6 +15,29 @@ use std::time::Duration;
 /// Default deadline of every collective (as NCCL's watchdog order of magnitude: minutes).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The argument check every communicator's broadcast makes: `root` is a rank.
+pub(crate) fn check_root(root: usize, world_size: usize) -> Result<()> {
+    if root >= world_size {
+        return Err(crate::DistError::InvalidBuffer {
+            op: "broadcast",
+            detail: format!("root {root} ≥ world size {world_size}"),
+        });
+    }
+    Ok(())
+}
+
+/// The argument check every communicator's all-gather makes: the buffer splits into one equal
+/// part per rank.
+pub(crate) fn check_gather_len(len: usize, world_size: usize) -> Result<()> {
+    if !len.is_multiple_of(world_size) {
+        return Err(crate::DistError::InvalidBuffer {
+            op: "all_gather",
+            detail: format!("length {len} is not a multiple of the world size {world_size}"),
+        });
+    }
+    Ok(())
+}
+
 /// Reduction operator of [`Communicator::all_reduce`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReduceOp {

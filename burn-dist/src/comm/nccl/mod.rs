@@ -302,26 +302,12 @@ impl Communicator for Nccl {
     }
 
     fn broadcast(&self, buf: HostBuf<'_>, root: usize) -> Result<()> {
-        if root >= self.world_size {
-            return Err(DistError::InvalidBuffer {
-                op: "broadcast",
-                detail: format!("root {root} ≥ world size {}", self.world_size),
-            });
-        }
+        crate::comm::check_root(root, self.world_size)?;
         self.host(Collective::Broadcast { root }, buf)
     }
 
     fn all_gather(&self, buf: HostBuf<'_>) -> Result<()> {
-        if !buf.len().is_multiple_of(self.world_size) {
-            return Err(DistError::InvalidBuffer {
-                op: "all_gather",
-                detail: format!(
-                    "length {} is not a multiple of the world size {}",
-                    buf.len(),
-                    self.world_size
-                ),
-            });
-        }
+        crate::comm::check_gather_len(buf.len(), self.world_size)?;
         self.host(Collective::AllGather, buf)
     }
 }

@@ -334,12 +334,7 @@ impl Communicator for TcpRing {
     }
 
     fn broadcast(&self, mut buf: HostBuf<'_>, root: usize) -> Result<()> {
-        if root >= self.world_size {
-            return Err(DistError::InvalidBuffer {
-                op: "broadcast",
-                detail: format!("root {root} ≥ world size {}", self.world_size),
-            });
-        }
+        crate::comm::check_root(root, self.world_size)?;
         let (rank, n, dtype) = (self.rank, self.world_size, buf.dtype());
         self.run("broadcast", |l, fail| {
             ring_broadcast(l, rank, n, buf.bytes_mut(), root, dtype, fail)
@@ -347,16 +342,7 @@ impl Communicator for TcpRing {
     }
 
     fn all_gather(&self, mut buf: HostBuf<'_>) -> Result<()> {
-        if !buf.len().is_multiple_of(self.world_size) {
-            return Err(DistError::InvalidBuffer {
-                op: "all_gather",
-                detail: format!(
-                    "length {} is not a multiple of the world size {}",
-                    buf.len(),
-                    self.world_size
-                ),
-            });
-        }
+        crate::comm::check_gather_len(buf.len(), self.world_size)?;
         let (rank, n, dtype) = (self.rank, self.world_size, buf.dtype());
         self.run("all_gather", |l, fail| {
             ring_all_gather(l, rank, n, buf.bytes_mut(), dtype, fail)
