@@ -40,6 +40,8 @@ mod error;
 mod error_file;
 mod rendezvous;
 mod sync;
+#[cfg(test)]
+mod test_support;
 
 pub use comm::nccl::{Collective, DeviceCall, Nccl};
 pub use comm::ring::{ADDR_ENV, SHM_ENV, TcpRing};

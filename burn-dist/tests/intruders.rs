@@ -2,11 +2,15 @@
 //! connections sent to the store port and to a rank's ring port while the job sets up must leave
 //! the set-up and the collectives unharmed.
 
+mod common;
+
 use burn_dist::{CommunicatorExt, ReduceOp, Rendezvous, Store, TcpRing, World};
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use common::free_port;
 
 /// More idle connections than either listener keeps in its handshake at once.
 const IDLE: usize = 100;
@@ -41,13 +45,6 @@ fn harass(at: SocketAddr) -> Vec<TcpStream> {
         held.push(TcpStream::connect_timeout(&at, Duration::from_secs(5)).expect("connect"));
     }
     held
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
 }
 
 #[test]

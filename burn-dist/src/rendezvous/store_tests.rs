@@ -4,25 +4,7 @@ use std::io::Write;
 use std::net::{Ipv4Addr, TcpListener};
 use std::sync::Arc;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-fn world(rank: usize, n: usize, port: u16) -> World {
-    World {
-        rank,
-        world_size: n,
-        local_rank: rank,
-        local_world_size: n,
-        master_addr: "127.0.0.1".into(),
-        master_port: port,
-        job_token: "tok".into(),
-        rendezvous: Rendezvous::OwnStore,
-    }
-}
+use crate::test_support::{free_port, local_world as world};
 
 #[test]
 fn set_get_add_wait_barrier() {

@@ -323,10 +323,7 @@ mod tests {
         if Nccl::is_available() {
             return;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("port");
+        let port = crate::test_support::free_port();
         let world = World {
             master_port: port,
             ..World::single()

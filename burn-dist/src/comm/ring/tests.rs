@@ -2,6 +2,7 @@
 
 use super::collectives::segment;
 use super::*;
+use crate::test_support::{free_port, local_world as world};
 
 #[test]
 fn segments_cover_everything() {
@@ -18,25 +19,9 @@ fn segments_cover_everything() {
     }
 }
 
-fn world(rank: usize, n: usize, port: u16) -> World {
-    World {
-        rank,
-        world_size: n,
-        local_rank: rank,
-        local_world_size: n,
-        master_addr: "127.0.0.1".into(),
-        master_port: port,
-        job_token: "t".into(),
-        rendezvous: crate::rendezvous::world::Rendezvous::OwnStore,
-    }
-}
-
 #[test]
 fn threads_all_reduce() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port");
+    let port = free_port();
     let n = 3;
     let t = Duration::from_secs(10);
     let handles: Vec<_> = (0..n)
@@ -104,10 +89,7 @@ fn a_trickling_peer_cannot_stretch_a_read_past_the_deadline() {
 /// have waited for the whole header and more.
 #[test]
 fn a_trickling_rank_fails_the_collective_at_its_deadline() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port");
+    let port = free_port();
     let deadline = Duration::from_secs(3);
     let rank0 = std::thread::spawn(move || {
         let w = world(0, 2, port);
@@ -158,10 +140,7 @@ fn a_trickling_rank_fails_the_collective_at_its_deadline() {
 /// token, at once rather than at the deadline.
 #[test]
 fn the_ring_refuses_the_wrong_token_both_ways() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port");
+    let port = free_port();
     let deadline = Duration::from_secs(30);
     let rank0 = std::thread::spawn(move || {
         let w = world(0, 2, port);
