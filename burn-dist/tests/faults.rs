@@ -1,15 +1,25 @@
 //! Faults on real processes and sockets: whoever failed, every rank and the launcher must name
-//! the same root cause, within the deadline or within seconds, never after a hang.
+//! the same root cause, and stop (by the collective deadline, or before it when the failure is
+//! reported), never hang. No test measures speed: a failure reported by the failing rank must
+//! stop the others long before their deadline, which is set far beyond the test's own bound.
 
 mod common;
 
-use common::{Outcome, WORKER, clean_command, free_port, read, spawn_processes, wait};
+use common::{Guard, Outcome, WORKER, clean_command, free_port, read, spawn_processes, wait};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+/// Bound on one job, for a loaded 2-core machine; a hung job costs this, never CI's limit.
+const JOB_LIMIT: Duration = Duration::from_secs(120);
+/// A collective deadline no test can reach within [`JOB_LIMIT`]: a job that stops within the
+/// bound did not wait the deadline out.
+const UNREACHED_DEADLINE_S: &str = "600";
+
 /// `n` worker processes in `mode`, with the world in their environment and `extra` variables.
 fn ranks(n: usize, mode: &str, extra: &[(&str, &str)]) -> common::Job {
-    let port = free_port().to_string();
+    let port = free_port();
+    let token = format!("faults-{}-{port}", std::process::id());
+    let port = port.to_string();
     let extra: Vec<(String, String)> = extra
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -25,6 +35,7 @@ fn ranks(n: usize, mode: &str, extra: &[(&str, &str)]) -> common::Job {
                 ("LOCAL_WORLD_SIZE".to_string(), n.to_string()),
                 ("MASTER_ADDR".to_string(), "127.0.0.1".to_string()),
                 ("MASTER_PORT".to_string(), port.clone()),
+                ("BURN_DIST_JOB_TOKEN".to_string(), token.clone()),
             ];
             env.extend(extra.iter().cloned());
             env
@@ -33,14 +44,13 @@ fn ranks(n: usize, mode: &str, extra: &[(&str, &str)]) -> common::Job {
     )
 }
 
-/// Waits until every process printed `READY`; returns when that happened.
-fn until_ready(job: &common::Job, limit: Duration) -> Instant {
+/// Waits until every process printed `READY`.
+fn until_ready(job: &common::Job, limit: Duration) {
     let start = Instant::now();
     while !job.procs.iter().all(|p| read(&p.out).contains("READY")) {
         assert!(start.elapsed() < limit, "the ranks never got ready");
         std::thread::sleep(Duration::from_millis(20));
     }
-    Instant::now()
 }
 
 fn assert_every_rank_says(out: &[Outcome], needles: &[&str]) {
@@ -57,25 +67,28 @@ fn assert_every_rank_says(out: &[Outcome], needles: &[&str]) {
 }
 
 /// Rank 1 of three is SIGSTOPped in the middle of a loop of all-reduces. Its neighbours and the
-/// rank beyond them must all blame rank 1 (not each other) soon after the 6 s deadline, and so
+/// rank beyond them must all blame rank 1 (not each other) once the 6 s deadline passes, and so
 /// must the launcher's last line.
 #[test]
 fn a_stopped_rank_is_named_by_every_rank_and_by_the_launcher() {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("out");
-    let mut launcher = clean_command(WORKER)
-        .args(["launch-loop", "3", "1000000", "4096"])
-        .env("BURN_DIST_TIMEOUT_S", "6")
-        .stdout(Stdio::from(std::fs::File::create(&log).expect("log")))
-        .stderr(Stdio::from(
-            std::fs::File::create(dir.path().join("err")).expect("log"),
-        ))
-        .spawn()
-        .expect("launcher");
+    // The launcher and its workers share a process group, killed when `launcher` drops.
+    let mut launcher = Guard::spawn(
+        clean_command(WORKER)
+            .args(["launch-loop", "3", "1000000", "4096"])
+            .env("BURN_DIST_TIMEOUT_S", "6")
+            .stdout(Stdio::from(std::fs::File::create(&log).expect("log")))
+            .stderr(Stdio::from(
+                std::fs::File::create(dir.path().join("err")).expect("log"),
+            )),
+    );
     let start = Instant::now();
+    // Every rank has finished one all-reduce (so each has published a collective on the
+    // progress board) before rank 1 is stopped.
     let pid = loop {
         let text = read(&log);
-        if text.matches("READY").count() == 3 {
+        if text.matches("LOOPING").count() == 3 {
             let line = text
                 .lines()
                 .find(|l| l.contains("READY rank=1 "))
@@ -87,32 +100,13 @@ fn a_stopped_rank_is_named_by_every_rank_and_by_the_launcher() {
                 .expect("pid");
             break pid;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "never ready: {text}"
-        );
+        assert!(start.elapsed() < JOB_LIMIT, "never ready: {text}");
         std::thread::sleep(Duration::from_millis(20));
     };
-    // Long enough for every rank to have published a collective on the progress board.
-    std::thread::sleep(Duration::from_millis(1200));
     // SAFETY: plain signal to a child process of this test.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
-    let stopped_at = Instant::now();
-    let status = loop {
-        if let Some(s) = launcher.try_wait().expect("wait") {
-            break s;
-        }
-        if stopped_at.elapsed() > Duration::from_secs(40) {
-            let _ = launcher.kill();
-            // SAFETY: as above.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("the job hung: {}", read(&log));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let took = stopped_at.elapsed();
-    // SAFETY: as above (the launcher normally killed it already).
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let status = launcher.wait_at_most(JOB_LIMIT, || format!("the job hung: {}", read(&log)));
+    // The stopped rank goes with the process group when `launcher` drops.
     let err = read(&dir.path().join("err"));
     let out = read(&log);
     assert!(!status.success());
@@ -144,22 +138,20 @@ fn a_stopped_rank_is_named_by_every_rank_and_by_the_launcher() {
         last.contains("rank 1 (pid ") && last.contains("root cause"),
         "the launcher's last line must name rank 1: {last}"
     );
-    assert!(
-        took < Duration::from_secs(6 + 12),
-        "named after {took:?}, deadline 6 s"
-    );
 }
 
 /// Loading the optimizer state fails on rank 1 alone, inside `broadcast_optimizer_state`; the
-/// others are already in the next collective. With a 60 s deadline, they must still stop within
-/// 5 s and name rank 1 and its cause.
+/// others are already in the next collective. They must stop before their deadline (which the
+/// test's bound never reaches) and name rank 1 and its cause.
 #[test]
-fn a_rank_failing_inside_a_broadcast_is_named_by_every_rank_within_5_s() {
-    let mut job = ranks(3, "bad-state", &[("BURN_DIST_TIMEOUT_S", "60")]);
-    let ready = until_ready(&job, Duration::from_secs(60));
-    let out = wait(&mut job, Duration::from_secs(30));
-    let took = ready.elapsed();
-    assert!(took < Duration::from_secs(5), "took {took:?}");
+fn a_rank_failing_inside_a_broadcast_is_named_by_every_rank_before_the_deadline() {
+    let mut job = ranks(
+        3,
+        "bad-state",
+        &[("BURN_DIST_TIMEOUT_S", UNREACHED_DEADLINE_S)],
+    );
+    until_ready(&job, JOB_LIMIT);
+    let out = wait(&mut job, JOB_LIMIT);
     assert!(
         out[1].stderr.contains("optimizer state"),
         "{}",
@@ -178,10 +170,9 @@ fn a_rank_failing_inside_a_broadcast_is_named_by_every_rank_within_5_s() {
 /// ones that saw it directly, and the ones that saw only their neighbour leave).
 #[test]
 fn collectives_in_another_order_are_a_mismatch_named_on_every_rank() {
-    let mut job = ranks(3, "order", &[("BURN_DIST_TIMEOUT_S", "60")]);
-    let ready = until_ready(&job, Duration::from_secs(60));
-    let out = wait(&mut job, Duration::from_secs(30));
-    assert!(ready.elapsed() < Duration::from_secs(5));
+    let mut job = ranks(3, "order", &[("BURN_DIST_TIMEOUT_S", UNREACHED_DEADLINE_S)]);
+    until_ready(&job, JOB_LIMIT);
+    let out = wait(&mut job, JOB_LIMIT);
     assert_every_rank_says(&out, &["collective mismatch"]);
     assert!(
         out.iter().any(|o| o.stderr.contains("broadcast")),

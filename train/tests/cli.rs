@@ -8,12 +8,13 @@ const EXE: &str = env!("CARGO_BIN_EXE_train");
 
 fn fails_naming(args: &[&str], needles: &[&str]) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let output = Command::new(EXE)
-        .args(args)
-        .current_dir(dir.path())
-        .env_remove("RANK")
-        .output()
-        .expect("run train");
+    let output = common::ChildGuard::spawn(
+        Command::new(EXE)
+            .args(args)
+            .current_dir(dir.path())
+            .env_remove("RANK"),
+    )
+    .wait();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "{args:?} should fail");
     for needle in needles {

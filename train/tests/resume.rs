@@ -39,38 +39,41 @@ fn killed_run_resumes_and_matches_an_uninterrupted_one() {
 
     // The same run, killed at a random moment of epoch 2 (after checkpoint 1 is written).
     let run_dir = dir.path().join("killed");
-    let mut first =
-        ChildGuard::spawn(train_command(EXE, &run_dir, &train_dir, &val_dir).args(epochs));
+    let first = ChildGuard::spawn(train_command(EXE, &run_dir, &train_dir, &val_dir).args(epochs));
     let checkpoint1 = run_dir.join("checkpoint-1.ckpt");
     let started = Instant::now();
     while !checkpoint1.exists() {
         assert!(
-            started.elapsed() < Duration::from_secs(300),
-            "no checkpoint 1 after 300 s"
+            started.elapsed() < RUN_LIMIT,
+            "no checkpoint 1 after {RUN_LIMIT:?}:\n{}",
+            first.stdout()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
     let epoch_time = started.elapsed();
-    let seed = u64::from(std::process::id()) ^ started.elapsed().as_nanos() as u64;
-    let delay = epoch_time.mul_f64(0.1 + 0.5 * ((seed % 1000) as f64 / 1000.0));
-    std::thread::sleep(delay);
+    // The kill falls at a seeded fraction of epoch 2 (measured by epoch 1's length); a failure
+    // prints the seed, and KILL_SEED=<seed> replays the same fraction.
+    let seed = std::env::var("KILL_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or_else(|| u64::from(std::process::id()) ^ started.elapsed().as_nanos() as u64);
+    let fraction = 0.1 + 0.5 * ((seed % 1000) as f64 / 1000.0);
+    println!(
+        "kill seed {seed}: SIGKILL at {fraction:.3} of an epoch into epoch 2 (KILL_SEED={seed} replays it)"
+    );
+    std::thread::sleep(epoch_time.mul_f64(fraction));
     // SAFETY: kill(2) on the pid of our own child, which has not been reaped yet.
     unsafe { libc::kill(first.pid() as libc::pid_t, libc::SIGKILL) };
-    let output = first
-        .0
-        .take()
-        .expect("child")
-        .wait_with_output()
-        .expect("wait");
+    let output = first.wait();
     assert!(
         !output.status.success(),
-        "the run finished before it was killed"
+        "the run finished before it was killed (kill seed {seed})"
     );
     assert!(!run_dir.join("checkpoint-3.ckpt").exists());
     let before = losses(&run_dir.join("logs"));
     assert!(
         !before.is_empty() && before.len() < 3,
-        "killed after {} epochs",
+        "killed after {} epochs (kill seed {seed})",
         before.len()
     );
 

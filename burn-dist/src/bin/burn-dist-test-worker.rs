@@ -201,7 +201,29 @@ fn collectives() -> burn_dist::Result<()> {
     assert_eq!(values, vec![1.5 * comm.world_size() as f32; 7]);
     println!("TRANSPORT {}", comm.transport());
     println!("CHECKSUM {checksum:016x}");
+    shm_mappings();
     Ok(())
+}
+
+/// `SHM_MAPS mapped=N unlinked=M`: this process's own shared-memory segments (from
+/// /proc/self/maps, so other jobs on the machine do not count) and how many of them are gone
+/// from /dev/shm already; all should be, once every rank has mapped them.
+fn shm_mappings() {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut segments: Vec<&str> = maps
+        .lines()
+        .filter_map(|l| l.find("/dev/shm/burn-dist-").map(|at| &l[at..]))
+        .collect();
+    segments.sort();
+    segments.dedup();
+    let unlinked = segments
+        .iter()
+        .filter(|s| {
+            let path = s.trim_end_matches(" (deleted)");
+            s.ends_with(" (deleted)") && !std::path::Path::new(path).exists()
+        })
+        .count();
+    println!("SHM_MAPS mapped={} unlinked={unlinked}", segments.len());
 }
 
 #[derive(Module, Debug)]
@@ -469,6 +491,10 @@ fn all_reduce_loop(args: &[String]) -> burn_dist::Result<()> {
         v.iter_mut().for_each(|x| *x = 1.0);
         comm.all_reduce(HostBuf::F32(&mut v), ReduceOp::Sum)?;
         assert!(v.iter().all(|x| *x == comm.world_size() as f32));
+        if i == 0 {
+            // Every rank took part in a collective by now.
+            println!("LOOPING rank={}", comm.rank());
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
     println!("LOOP OK");
@@ -495,7 +521,7 @@ fn launch(args: &[String]) -> burn_dist::Result<()> {
         std::process::exit(7);
     }
     // Healthy ranks would run for a long time; the launcher must stop them.
-    std::thread::sleep(Duration::from_secs(if fail >= 0 { 60 } else { 0 }));
+    std::thread::sleep(Duration::from_secs(if fail >= 0 { 3600 } else { 0 }));
     Ok(())
 }
 

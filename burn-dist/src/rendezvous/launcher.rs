@@ -150,6 +150,25 @@ fn install_signal_handlers() {
     }
 }
 
+/// A worker gets SIGKILL when the launcher dies (even by SIGKILL, which leaves it no time to
+/// stop them), instead of running on as an orphan until its collective deadline.
+fn die_with_launcher(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let launcher = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
+    // getppid(2) and _exit(2), which are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            // The launcher died before the prctl took effect.
+            if libc::getppid() != launcher {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
 fn send_signal(child: &Child, sig: libc::c_int) {
     // SAFETY: kill(2) on the pid of a child we spawned and have not reaped yet (callers check
     // `try_wait` first), so the pid cannot have been reused.
@@ -276,6 +295,7 @@ pub fn launch(config: &LaunchConfig, nproc: usize) -> Result<()> {
             .env("MASTER_PORT", port.to_string())
             .env(JOB_TOKEN_ENV, &token)
             .env(crate::error_file::ERROR_FILE_ENV, reports.path(rank));
+        die_with_launcher(&mut cmd);
         if rank != 0 {
             cmd.env(QUIET_ENV, "1")
                 .stdout(Stdio::piped())

@@ -65,9 +65,9 @@ fn set_if_absent_has_one_winner() {
     assert_eq!(s0.set_if_absent("first", b"late").expect("again"), winner);
 }
 
-/// Plays the store's side of the handshake on an accepted connection.
-fn accept_client(s: &mut TcpStream) {
-    wire::server_handshake(s, ConnKind::Store, "tok").expect("handshake");
+/// Plays the store's side of the handshake on an accepted connection of the job at `port`.
+fn accept_client(s: &mut TcpStream, port: u16) {
+    wire::server_handshake(s, ConnKind::Store, &world(0, 2, port).job_token).expect("handshake");
 }
 
 fn accept_within(listener: &TcpListener, limit: Duration) -> Option<TcpStream> {
@@ -95,7 +95,7 @@ fn a_request_that_timed_out_drops_its_connection() {
         let late_sent = Arc::clone(&late_sent);
         std::thread::spawn(move || {
             let (mut first, _) = listener.accept().expect("first connection");
-            accept_client(&mut first);
+            accept_client(&mut first, port);
             wire::read_frame(&mut first, MAX_STORE_MESSAGE).expect("request");
             // A partial frame, then nothing until the client has given up.
             let mut stale = vec![REPLY_OK];
@@ -108,7 +108,7 @@ fn a_request_that_timed_out_drops_its_connection() {
             first.write_all(&framed[5..]).expect("rest");
             late_sent.wait();
             let Some(mut second) = second else { return };
-            accept_client(&mut second);
+            accept_client(&mut second, port);
             wire::read_frame(&mut second, MAX_STORE_MESSAGE).expect("request");
             let mut fresh = vec![REPLY_OK];
             fresh.extend_from_slice(b"fresh");

@@ -1,23 +1,99 @@
 //! Shared by the multi-process tests: starting worker processes (src/bin/burn-dist-test-worker.rs)
-//! with a clean environment, and collecting their output. Every child is killed when its [`Job`]
-//! is dropped, whatever the exit path of the test.
+//! with a clean environment, and collecting their output. Every child leads a process group of
+//! its own (a launcher's workers join it) and gets SIGKILL if the test process dies; the group
+//! is killed when its [`Job`] or [`Guard`] is dropped, whatever the exit path of the test.
 #![allow(dead_code)]
 
 use std::fs::File;
 use std::io::Read;
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 pub const WORKER: &str = env!("CARGO_BIN_EXE_burn-dist-test-worker");
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, never handed out twice by this test process (its tests
+/// run in parallel threads). A port another process takes meanwhile fails that job loudly:
+/// every job has its own token ([`job_token`]).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
+}
+
+/// A job token no other job of any test shares: two jobs that met on one port refuse each
+/// other instead of mixing.
+pub fn job_token(what: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{what}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Puts the child in a process group of its own and makes it die with this test process.
+pub fn isolate(cmd: &mut Command) -> &mut Command {
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which
+    // is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    cmd.process_group(0)
+}
+
+/// SIGKILL to the process group `child` leads, then reaps it.
+pub fn kill_group(child: &mut Child) {
+    // SAFETY: kill(2) with a negative pid signals the group the child leads; the child is not
+    // reaped yet, so its pid (the group id) has not been reused.
+    unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+    let _ = child.wait();
+}
+
+/// One child started with [`isolate`]; its process group is killed on drop.
+pub struct Guard(pub Child);
+
+impl Guard {
+    pub fn spawn(cmd: &mut Command) -> Self {
+        Self(isolate(cmd).spawn().expect("spawn"))
+    }
+
+    /// Waits at most `limit`; past it, kills the group and fails with `what` and `context()`.
+    pub fn wait_at_most(&mut self, limit: Duration, context: impl Fn() -> String) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.0.try_wait().expect("try_wait") {
+                return status;
+            }
+            if start.elapsed() > limit {
+                kill_group(&mut self.0);
+                panic!("did not finish within {limit:?} (hang): {}", context());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        kill_group(&mut self.0);
+    }
 }
 
 /// A command that inherits none of the launcher variables of the shell running the tests.
@@ -62,8 +138,7 @@ pub struct Job {
 impl Drop for Job {
     fn drop(&mut self) {
         for p in &mut self.procs {
-            let _ = p.child.kill();
-            let _ = p.child.wait();
+            kill_group(&mut p.child);
         }
     }
 }
@@ -94,7 +169,7 @@ pub fn spawn_processes(
         .map(|&rank| {
             let out = dir.path().join(format!("out{rank}"));
             let err = dir.path().join(format!("err{rank}"));
-            let child = clean_command(program)
+            let child = isolate(&mut clean_command(program))
                 .args(args(rank))
                 .envs(env(rank))
                 .stdout(Stdio::from(File::create(&out).expect("out")))
@@ -128,6 +203,9 @@ pub fn wait(job: &mut Job, limit: Duration) -> Vec<Outcome> {
                 .iter()
                 .map(|p| format!("rank {}: {}{}", p.rank, read(&p.out), read(&p.err)))
                 .collect();
+            for p in &mut job.procs {
+                kill_group(&mut p.child);
+            }
             panic!("workers did not finish within {limit:?} (hang): {dump:#?}");
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -152,5 +230,22 @@ pub fn assert_all_succeeded(out: &[Outcome]) {
             o.stdout,
             o.stderr
         );
+    }
+}
+
+/// Runs `cmd` (isolated, output to files) to completion within `limit`, or kills its process
+/// group and fails with what it printed: a bounded `Command::output`.
+pub fn output_within(cmd: &mut Command, limit: Duration) -> Outcome {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, err) = (dir.path().join("out"), dir.path().join("err"));
+    cmd.stdout(Stdio::from(File::create(&out).expect("out")))
+        .stderr(Stdio::from(File::create(&err).expect("err")));
+    let mut guard = Guard::spawn(cmd);
+    let status = guard.wait_at_most(limit, || format!("{}\n{}", read(&out), read(&err)));
+    drop(guard);
+    Outcome {
+        status,
+        stdout: read(&out),
+        stderr: read(&err),
     }
 }

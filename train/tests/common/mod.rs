@@ -1,9 +1,14 @@
 //! Helpers for tests that run the real `train` binary on a small generated dataset.
 #![allow(dead_code)]
 
+use std::fs::File;
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use data::synthetic::{SyntheticConfig, generate};
 
@@ -29,16 +34,49 @@ pub fn small_dataset(
     (summary.train_dir, summary.val_dir)
 }
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, and never handed out twice by this test process (tests
+/// run in parallel threads; two of them must not race for one port). A port another process
+/// takes meanwhile fails that job loudly: every job has its own token ([`job_token`]).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
-/// `train` on the CPU with a tiny ResNet-18 at 32 px, logs and checkpoints under `run_dir`.
+/// A job token no other job of any test shares, so that two jobs that met on one port refuse
+/// each other instead of mixing.
+pub fn job_token(what: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{what}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// `train` on the CPU with a tiny ResNet-18 at 32 px, batch 8, no warmup, logs and checkpoints
+/// under `run_dir`.
 pub fn train_command(exe: &str, run_dir: &Path, train_dir: &Path, val_dir: &Path) -> Command {
+    train_command_with_warmup(exe, run_dir, train_dir, val_dir, 0.0)
+}
+
+/// [`train_command`] with `--warmup-epochs warmup_epochs`.
+pub fn train_command_with_warmup(
+    exe: &str,
+    run_dir: &Path,
+    train_dir: &Path,
+    val_dir: &Path,
+    warmup_epochs: f64,
+) -> Command {
     let mut command = Command::new(exe);
     command
         .arg("--train-dir")
@@ -64,53 +102,119 @@ pub fn train_command(exe: &str, run_dir: &Path, train_dir: &Path, val_dir: &Path
             "1",
             "--no-cuda",
             "--warmup-epochs",
-            "0",
+            &warmup_epochs.to_string(),
         ])
         .args(["--master-port", &free_port().to_string()])
         .env_remove("RANK")
         .env_remove("WORLD_SIZE")
+        .env("BURN_DIST_JOB_TOKEN", job_token("train-test"))
         .env("BURN_DIST_TIMEOUT_S", "60")
         .stdin(Stdio::null());
     command
 }
 
-/// Kills the child on drop, so that no test leaves a process behind, even when it fails.
-pub struct ChildGuard(pub Option<Child>);
+/// How long one `train` run of these tests may take before it counts as hung: the runs take
+/// seconds to a minute alone; the bound allows for a loaded 2-core machine running several test
+/// binaries' processes at once, and for the 60 s collective deadline set by [`train_command`].
+pub const RUN_LIMIT: Duration = Duration::from_secs(600);
+
+/// A child in a process group of its own (the launcher's workers join it), output to files.
+/// Dropping it kills the whole group, so that no test leaves a process behind, even when it
+/// fails or panics.
+pub struct ChildGuard {
+    child: Option<Child>,
+    out: PathBuf,
+    err: PathBuf,
+    _dir: tempfile::TempDir,
+}
 
 impl ChildGuard {
     pub fn spawn(command: &mut Command) -> Self {
-        Self(Some(
-            command
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn train"),
-        ))
+        let dir = tempfile::tempdir().expect("temp dir for output");
+        let (out, err) = (dir.path().join("stdout"), dir.path().join("stderr"));
+        // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which
+        // is async-signal-safe.
+        unsafe {
+            command.pre_exec(|| {
+                // If this test process dies (killed by CI), the child dies with it.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = command
+            .process_group(0)
+            .stdout(Stdio::from(File::create(&out).expect("stdout file")))
+            .stderr(Stdio::from(File::create(&err).expect("stderr file")))
+            .spawn()
+            .expect("spawn train");
+        Self {
+            child: Some(child),
+            out,
+            err,
+            _dir: dir,
+        }
     }
 
     pub fn pid(&self) -> u32 {
-        self.0.as_ref().map(|c| c.id()).unwrap_or(0)
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
 
-    pub fn wait(mut self) -> Output {
-        self.0
-            .take()
-            .expect("child")
-            .wait_with_output()
-            .expect("wait")
+    /// The output so far.
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
     }
+
+    /// Waits at most `limit`; past it, kills the group and fails with what the run printed.
+    pub fn wait_at_most(mut self, limit: Duration) -> Output {
+        let started = Instant::now();
+        let mut child = self.child.take().expect("child");
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                break status;
+            }
+            if started.elapsed() > limit {
+                kill_group(&mut child);
+                panic!(
+                    "train did not finish within {limit:?}; killed its process group\n\
+                     stdout:\n{}\nstderr:\n{}",
+                    self.stdout(),
+                    std::fs::read_to_string(&self.err).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // Workers a launcher left behind go with the group.
+        kill_group(&mut child);
+        Output {
+            status,
+            stdout: std::fs::read(&self.out).unwrap_or_default(),
+            stderr: std::fs::read(&self.err).unwrap_or_default(),
+        }
+    }
+
+    /// [`ChildGuard::wait_at_most`] [`RUN_LIMIT`].
+    pub fn wait(self) -> Output {
+        self.wait_at_most(RUN_LIMIT)
+    }
+}
+
+/// SIGKILL to the child's process group (the child leads it), then reaps the child.
+fn kill_group(child: &mut Child) {
+    // SAFETY: kill(2) with a negative pid signals the process group the child leads; the child
+    // is not reaped yet, so its pid (the group id) has not been reused.
+    unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+    let _ = child.wait();
 }
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(mut child) = self.child.take() {
+            kill_group(&mut child);
         }
     }
 }
 
-/// Runs to completion and insists on success, showing the output otherwise.
+/// Runs to completion (within [`RUN_LIMIT`]) and insists on success, showing the output otherwise.
 pub fn run_ok(command: &mut Command) -> Output {
     let output = ChildGuard::spawn(command).wait();
     assert!(
