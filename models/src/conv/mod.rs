@@ -8,6 +8,8 @@ mod cuda;
 #[cfg(feature = "cuda")]
 mod cudnn;
 mod dispatch;
+#[cfg(feature = "cuda")]
+mod layout;
 
 pub use backend::ConvBackend;
 pub use dispatch::{conv2d, conv2d_with};
