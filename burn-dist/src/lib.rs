@@ -55,6 +55,7 @@ pub use error_file::{ERROR_FILE_ENV, write_error_file};
 pub use rendezvous::launcher::{
     LaunchConfig, is_worker_env, launch, launch_or_run, should_draw_progress, visible_cuda_devices,
 };
+pub use rendezvous::local_rank::device_for;
 pub use rendezvous::setup::{
     BACKEND_ENV, CommBackend, Dist, DistOptions, TIMEOUT_ENV, init, init_from_env,
 };
