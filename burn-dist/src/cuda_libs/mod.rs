@@ -421,9 +421,15 @@ pub fn find_in(places: &[PathBuf]) -> CudaLibraries {
     libs
 }
 
-/// `CUDA_PATH` for cubecl's NVRTC headers: `CUDA_PATH`, else `CUDA_HOME`, else the toolkit of the
-/// `nvcc` on `PATH`, else `/usr/local/cuda` (under `root`) when it exists.
-pub fn cuda_path(env: &dyn Fn(&str) -> Option<OsString>, root: &Path) -> Option<PathBuf> {
+/// `CUDA_PATH` for cubecl's NVRTC headers (it compiles with `--include-path=$CUDA_PATH/include`
+/// and panics without one): `CUDA_PATH`, else `CUDA_HOME`, else the toolkit of the `nvcc` on
+/// `PATH`, else `/usr/local/cuda` (under `root`) when it has headers, else a pip wheel among
+/// `places` whose folder holds `include/cuda_fp16.h` (`nvidia/cu13`, `nvidia/cuda_runtime`).
+pub fn cuda_path(
+    env: &dyn Fn(&str) -> Option<OsString>,
+    root: &Path,
+    places: &[PathBuf],
+) -> Option<PathBuf> {
     if let Some(p) = env("CUDA_PATH").or_else(|| env("CUDA_HOME")) {
         return Some(PathBuf::from(p));
     }
@@ -440,7 +446,14 @@ pub fn cuda_path(env: &dyn Fn(&str) -> Option<OsString>, root: &Path) -> Option<
         }
     }
     let default = root.join("usr/local/cuda");
-    default.join("include").is_dir().then_some(default)
+    if default.join("include").is_dir() {
+        return Some(default);
+    }
+    places
+        .iter()
+        .filter_map(|lib| lib.parent())
+        .find(|prefix| prefix.join("include").join("cuda_fp16.h").is_file())
+        .map(Path::to_path_buf)
 }
 
 /// What [`prepare`] changes: symlinks to make and the environment of the re-executed process.
@@ -532,11 +545,13 @@ pub fn make_links(plan: &Plan) -> Result<(), String> {
 pub fn find() -> CudaLibraries {
     let env = |k: &str| std::env::var_os(k);
     let root = Path::new("/");
-    let mut libs = find_in(&search_places(&env, &system_ld_cache(), root));
-    libs.cuda_path = cuda_path(&env, root);
-    if std::env::var_os(READY_ENV).is_some() {
-        libs.link_dir = std::env::var_os(READY_ENV).map(PathBuf::from);
-    }
+    let link_dir = std::env::var_os(READY_ENV).map(PathBuf::from);
+    let mut places = search_places(&env, &system_ld_cache(), root);
+    // Our own links (first on LD_LIBRARY_PATH after the re-exec) are not where a library is.
+    places.retain(|p| Some(p) != link_dir.as_ref());
+    let mut libs = find_in(&places);
+    libs.cuda_path = cuda_path(&env, root, &places);
+    libs.link_dir = link_dir;
     libs
 }
 

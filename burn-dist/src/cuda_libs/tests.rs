@@ -278,19 +278,31 @@ fn cuda_path_comes_from_the_environment_then_nvcc_then_usr_local() {
     let root = root.path();
     let home = root.join("cuda-home");
     assert_eq!(
-        cuda_path(&env_of(&[("CUDA_HOME", &home)]), root),
+        cuda_path(&env_of(&[("CUDA_HOME", &home)]), root, &[]),
         Some(home.clone())
     );
     let nvcc = touch(root, "opt/cuda-13.0/bin/nvcc");
     let bin = nvcc.parent().expect("bin").to_path_buf();
     assert_eq!(
-        cuda_path(&env_of(&[("PATH", &bin)]), root),
+        cuda_path(&env_of(&[("PATH", &bin)]), root, &[]),
         Some(root.join("opt/cuda-13.0"))
     );
-    assert_eq!(cuda_path(&env_of(&[]), root), None);
+    assert_eq!(cuda_path(&env_of(&[]), root, &[]), None);
+    // CUDA 13 wheels: nvidia/cu13/{lib,include}.
+    touch(root, "venv/nvidia/cu13/include/cuda_fp16.h");
+    let wheel_lib = root.join("venv/nvidia/cu13/lib");
+    std::fs::create_dir_all(&wheel_lib).expect("mkdir");
+    assert_eq!(
+        cuda_path(
+            &env_of(&[]),
+            root,
+            &[root.join("venv/nvidia/nccl/lib"), wheel_lib]
+        ),
+        Some(root.join("venv/nvidia/cu13"))
+    );
     std::fs::create_dir_all(root.join("usr/local/cuda/include")).expect("mkdir");
     assert_eq!(
-        cuda_path(&env_of(&[]), root),
+        cuda_path(&env_of(&[]), root, &[]),
         Some(root.join("usr/local/cuda"))
     );
 }
