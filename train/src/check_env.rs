@@ -43,6 +43,8 @@ pub struct Report {
     pub versions: Vec<(CudaLibrary, String)>,
     /// `CUDA_VISIBLE_DEVICES`.
     pub visible_devices: Option<String>,
+    /// `LD_LIBRARY_PATH` as this process (after [`burn_dist::cuda_libs::prepare`]) sees it.
+    pub ld_library_path: Option<String>,
     /// Whether this binary was built with the `cuda` feature.
     pub cuda_build: bool,
 }
@@ -143,6 +145,11 @@ impl Report {
             self.visible_devices
                 .as_deref()
                 .unwrap_or("(unset: every GPU)")
+        );
+        let _ = writeln!(
+            out,
+            "LD_LIBRARY_PATH: {}",
+            self.ld_library_path.as_deref().unwrap_or("")
         );
         let _ = writeln!(
             out,
@@ -253,6 +260,7 @@ pub fn gather(libs: CudaLibraries) -> Report {
         driver,
         versions,
         visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
+        ld_library_path: std::env::var("LD_LIBRARY_PATH").ok(),
         cuda_build: cfg!(feature = "cuda"),
     }
 }
@@ -400,6 +408,7 @@ mod tests {
             driver,
             versions: vec![(CudaLibrary::Nccl, "2.27.3".into())],
             visible_devices: None,
+            ld_library_path: None,
             cuda_build: true,
         }
     }

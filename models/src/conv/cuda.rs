@@ -59,6 +59,14 @@ fn cudnn_ready() -> bool {
     }
 }
 
+/// Why cuDNN is not used (see [`super::cudnn_unavailable`]).
+pub(crate) fn unavailable_reason() -> Option<String> {
+    if let Some(failure) = FAILED.get() {
+        return Some(format!("cuDNN failed earlier: {failure}"));
+    }
+    cudnn::unavailable().map(str::to_string)
+}
+
 /// Records the first cuDNN failure, says it once; this and every later conv use Burn's kernels.
 fn warn_failure(error: &cudnn::CudnnFailure) {
     if FAILED.record(&error.0) {
