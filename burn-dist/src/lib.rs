@@ -13,6 +13,9 @@
 //!   A world of one opens no port and every collective is a no-op, through the same code path.
 //! - [`DistributedOptimizer`]: wraps a Burn optimizer; averages gradients across ranks in
 //!   25 MiB buckets ([`GradientSync`]), in module visit order (never by `ParamId`).
+//! - [`cuda_libs::prepare`]: call first in `main` of a CUDA program: finds libcuda, NVRTC, NCCL
+//!   and cuDNN where users install them (pip wheels, toolkits, distributions) and makes cudarc
+//!   load them.
 //! - [`broadcast_parameters`], [`broadcast_optimizer_state`], [`average_buffers`],
 //!   [`reduce_metrics`]: the rest of a data-parallel loop.
 //!
@@ -36,6 +39,7 @@
 #![deny(missing_docs)]
 
 mod comm;
+pub mod cuda_libs;
 mod error;
 mod error_file;
 mod rendezvous;
@@ -51,6 +55,7 @@ pub use error_file::{ERROR_FILE_ENV, write_error_file};
 pub use rendezvous::launcher::{
     LaunchConfig, is_worker_env, launch, launch_or_run, should_draw_progress, visible_cuda_devices,
 };
+pub use rendezvous::local_rank::device_for;
 pub use rendezvous::setup::{
     BACKEND_ENV, CommBackend, Dist, DistOptions, TIMEOUT_ENV, init, init_from_env,
 };

@@ -166,7 +166,15 @@ fn wait_for_dataset(
 pub fn main_with<C: ClassifierConfig>(
     make: impl FnOnce(&TrainArgs) -> Result<C, InvalidArgs>,
 ) -> ExitCode {
-    match try_main(make) {
+    // Before any CUDA call: find the CUDA libraries and re-execute once with them arranged.
+    #[cfg(feature = "cuda")]
+    let libs = burn_dist::cuda_libs::prepare();
+    #[cfg(not(feature = "cuda"))]
+    let libs = burn_dist::cuda_libs::find();
+    if std::env::args_os().any(|a| a == "--check-env") {
+        return crate::check_env::run(&TrainArgs::parse(), libs);
+    }
+    match try_main(make, &libs) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             let mut message = format!("error: {error}");
@@ -186,6 +194,7 @@ pub fn main_with<C: ClassifierConfig>(
 
 fn try_main<C: ClassifierConfig>(
     make: impl FnOnce(&TrainArgs) -> Result<C, InvalidArgs>,
+    libs: &burn_dist::cuda_libs::CudaLibraries,
 ) -> Result<(), TrainError> {
     let (args, quickstart) = parse_args()?;
     args.validate()?;
@@ -226,6 +235,13 @@ fn try_main<C: ClassifierConfig>(
     let config = make(&args)?;
 
     let use_cuda = cfg!(feature = "cuda") && !args.no_cuda && burn_dist::visible_cuda_devices() > 0;
+    if args.amp == crate::cli::Amp::Bf16 {
+        crate::check_env::amp_refusal(use_cuda, args.conv).map_err(|reason| InvalidArgs {
+            flag: "amp",
+            reason,
+        })?;
+        models::set_conv_precision(models::ConvPrecision::Bf16);
+    }
     let launch = LaunchConfig {
         nproc_per_node: args.nproc_per_node.or((!use_cuda).then_some(1)),
         nnodes: args.nnodes,
@@ -245,6 +261,9 @@ fn try_main<C: ClassifierConfig>(
         CommBackend::Ring
     };
     let dist = burn_dist::init(&world, &DistOptions::from_env(backend)?)?;
+    if dist.is_main() && use_cuda {
+        println!("{}", libs.summary());
+    }
     if dist.is_main() && !use_cuda {
         println!(
             "{}training on the CPU (Flex backend)",
@@ -278,15 +297,20 @@ fn run_on_backend<C: ClassifierConfig>(
 ) -> Result<RunSummary, TrainError> {
     #[cfg(feature = "cuda")]
     if use_cuda {
-        let local_rank = ctx.dist.world.local_rank;
-        ctx.backend = "cuda (burn-cuda, NCCL allreduce)".into();
+        let index = ctx.dist.cuda_device();
+        let convs = if ctx.args.amp == crate::cli::Amp::Bf16 {
+            ", convs in bf16 (--amp bf16)"
+        } else {
+            ""
+        };
+        ctx.backend = format!("cuda (burn-cuda, NCCL allreduce){convs}");
         ctx.devices = format!(
-            "cuda:{local_rank} on this process, {} per node",
-            ctx.dist.world.local_world_size
+            "cuda:{index} on this process (local rank {}), {} per node",
+            ctx.dist.world.local_rank, ctx.dist.world.local_world_size
         );
-        let device = burn::backend::cuda::CudaDevice::new(local_rank);
+        let device = burn::backend::cuda::CudaDevice::new(index);
         if !crate::cuda_setup::fusion_enabled() {
-            ctx.backend = "cuda without fusion (burn-cuda, NCCL allreduce)".into();
+            ctx.backend = format!("cuda without fusion (burn-cuda, NCCL allreduce){convs}");
             return run::<Autodiff<burn_dist::CudaRaw>, C>(&ctx, config, device);
         }
         return run::<Autodiff<burn_dist::CudaFused>, C>(&ctx, config, device);

@@ -170,6 +170,28 @@ pub struct TrainArgs {
     )]
     #[serde(default)]
     pub batch_norm: OpChoice,
+    /// Mixed precision: bf16 runs the convs in bf16 through cuDNN (f32 accumulation; weights,
+    /// gradients and optimizer state stay f32, no loss scaler), as torchvision's --amp in bf16.
+    /// CUDA with --conv fast only.
+    #[arg(long, value_enum, default_value_t = Amp::None)]
+    #[serde(default)]
+    pub amp: Amp,
+    /// Print the driver, GPUs, CUDA libraries and what a run would use, then exit (non-zero with
+    /// the fix when something the run needs is missing).
+    #[arg(long)]
+    #[serde(skip)]
+    pub check_env: bool,
+}
+
+/// `--amp`: the precision of the convs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Amp {
+    /// Everything in f32.
+    #[default]
+    None,
+    /// Convs in bf16 through cuDNN, f32 accumulation and master weights.
+    Bf16,
 }
 
 /// Whose kernels an op runs (`--conv`, `--batch-norm`).

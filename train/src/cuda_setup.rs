@@ -26,8 +26,10 @@ pub fn autotune_cache_dir() -> PathBuf {
     cache_root().join("cubecl")
 }
 
-/// Keeps Burn's CUDA autotune results between runs in [`autotune_cache_dir`], so the kernel
-/// search (seconds per convolution shape) happens once per machine and shape, not once per run.
+/// Keeps Burn's CUDA autotune results and compiled kernels (PTX) between runs in
+/// [`autotune_cache_dir`], so the kernel search (seconds per convolution shape) and the NVRTC
+/// compilation of every kernel happen once per machine, not once per process. CubeCL keeps no
+/// compiled kernels unless told to (`compilation.cache` is unset by default).
 ///
 /// CubeCL's own default is the `target/` folder of the Cargo project around the working
 /// directory, which a launched binary often does not have. A `cubecl.toml` (or `burn.toml` with a
@@ -43,6 +45,9 @@ pub fn keep_autotune_results() {
         // `Target` is the default: nobody chose it, so put the cache where it survives.
         if matches!(config.autotune.cache, CacheConfig::Target) {
             config.autotune.cache = CacheConfig::File(autotune_cache_dir());
+        }
+        if config.compilation.cache.is_none() {
+            config.compilation.cache = Some(CacheConfig::File(autotune_cache_dir()));
         }
         let config = config.override_from_env();
         // `set` panics if CubeCL already read its configuration (a CUDA op ran first); then the

@@ -7,6 +7,7 @@
 //! (see `examples/custom_model.rs` and the README, whose example is compiled as a doctest).
 
 mod app;
+pub mod check_env;
 pub mod checkpoint;
 pub mod cli;
 pub mod cuda_setup;

@@ -19,11 +19,17 @@ use std::process::ExitCode;
 
 #[cfg(feature = "cuda")]
 fn main() -> ExitCode {
+    let libs = burn_dist::cuda_libs::prepare();
     // SAFETY: only probes whether libcuda can be loaded; calls no CUDA function.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        eprintln!("nccl_check: no CUDA driver (libcuda.so) on this machine");
+        eprintln!(
+            "nccl_check: no CUDA driver (libcuda.so.1) on this machine; {}",
+            libs.summary()
+        );
         return ExitCode::FAILURE;
     }
+    println!("{}", libs.summary());
+    train::cuda_setup::keep_autotune_results();
     // `--quick`: skip the timings (for runs under compute-sanitizer, which slows every call).
     let quick = std::env::args().any(|a| a == "--quick");
     match check::run(quick) {

@@ -67,6 +67,8 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
+    #[cfg(feature = "cuda")]
+    burn_dist::cuda_libs::prepare();
     let args = Args::parse();
     let depth: usize = args
         .model

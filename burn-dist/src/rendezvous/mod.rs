@@ -5,6 +5,7 @@
 //! communicator.
 
 pub(crate) mod launcher;
+pub(crate) mod local_rank;
 pub(crate) mod setup;
 pub(crate) mod slurm;
 pub(crate) mod store;

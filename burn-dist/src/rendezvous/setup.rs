@@ -3,6 +3,7 @@
 use crate::comm::ring::TcpRing;
 use crate::comm::{Communicator, DEFAULT_TIMEOUT};
 use crate::error::{DistError, Result};
+use crate::rendezvous::local_rank;
 use crate::rendezvous::store::Store;
 use crate::rendezvous::world::World;
 use std::sync::Arc;
@@ -23,7 +24,7 @@ pub enum CommBackend {
     /// TCP ring between processes (any machine).
     #[default]
     Ring,
-    /// NCCL on the CUDA device `local_rank` (feature `cuda`).
+    /// NCCL on the CUDA device `local_rank` modulo the visible devices (feature `cuda`).
     Nccl,
 }
 
@@ -118,6 +119,11 @@ impl Dist {
     pub fn is_main(&self) -> bool {
         self.world.rank == 0
     }
+    /// The CUDA device this process uses: its local rank modulo the devices it sees (device 0
+    /// when each process sees one, as with `srun --gpus-per-task=1`).
+    pub fn cuda_device(&self) -> usize {
+        local_rank::device_for(self.world.local_rank, crate::visible_cuda_devices())
+    }
 }
 
 /// Joins the job described by `world`: rank 0 serves the store, all ranks rendezvous, then the
@@ -148,17 +154,25 @@ pub fn init(world: &World, options: &DistOptions) -> Result<Dist> {
         Store::rendezvous(world, options.timeout)?
     };
     let store = Arc::new(store);
+    // Without LOCAL_RANK (Kubeflow, plain RANK/WORLD_SIZE) the local rank is settled from the
+    // ranks' host names, so that the device below is right on every host.
+    let env = |k: &str| std::env::var(k).ok();
+    let world = if world.world_size > 1 && local_rank::local_rank_missing(&env) {
+        local_rank::settle_through_store(world, &store, &local_rank::host_name(), options.timeout)?
+    } else {
+        world.clone()
+    };
     let comm: Arc<dyn Communicator> = match options.backend {
-        CommBackend::Ring => Arc::new(TcpRing::new(world, Arc::clone(&store), options.timeout)?),
+        CommBackend::Ring => Arc::new(TcpRing::new(&world, Arc::clone(&store), options.timeout)?),
         CommBackend::Nccl => Arc::new(crate::comm::nccl::Nccl::new(
-            world,
+            &world,
             &store,
-            world.local_rank,
+            local_rank::device_for(world.local_rank, crate::visible_cuda_devices()),
             options.timeout,
         )?),
     };
     Ok(Dist {
-        world: world.clone(),
+        world,
         store: Some(store),
         comm,
     })

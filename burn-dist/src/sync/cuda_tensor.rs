@@ -152,6 +152,50 @@ fn device_address(tensor: &CubeTensor<CudaRuntime>, op: &'static str) -> Result<
     Ok(resource.resource().ptr)
 }
 
+/// The element count of a tensor NCCL may address as `count` packed elements from its first
+/// address: strides packed (length-1 dimensions aside) and the buffer at least that long. cubecl
+/// pads rows of most CUDA allocations (see `models`' conv layout), so a tensor is never assumed
+/// packed because of its shape alone.
+fn packed_count(
+    shape: &[usize],
+    strides: &[usize],
+    buffer_bytes: usize,
+    elem_bytes: usize,
+) -> std::result::Result<usize, String> {
+    if shape.len() != strides.len() {
+        return Err(format!(
+            "shape {shape:?} and strides {strides:?} differ in rank"
+        ));
+    }
+    let count: usize = shape.iter().product();
+    let mut expected = 1usize;
+    for (&dim, &stride) in shape.iter().zip(strides).rev() {
+        if dim != 1 && stride != expected {
+            return Err(format!(
+                "shape {shape:?} with strides {strides:?} is not packed; NCCL reads elements back to back"
+            ));
+        }
+        expected *= dim;
+    }
+    if count * elem_bytes > buffer_bytes {
+        return Err(format!(
+            "{count} elements of {elem_bytes} bytes need {} bytes, the buffer holds {buffer_bytes}",
+            count * elem_bytes
+        ));
+    }
+    Ok(count)
+}
+
+fn nccl_count(tensor: &CubeTensor<CudaRuntime>, op: &'static str) -> Result<usize> {
+    packed_count(
+        tensor.meta.shape(),
+        tensor.meta.strides(),
+        tensor.handle.size_in_used() as usize,
+        tensor.dtype.size(),
+    )
+    .map_err(|detail| DistError::InvalidBuffer { op, detail })
+}
+
 /// Runs `make(input, output)` for each pair on NCCL, after one device synchronisation, and keeps
 /// every buffer alive until NCCL is done with it.
 fn run_on_nccl<B: CubeAccess>(
@@ -167,10 +211,17 @@ fn run_on_nccl<B: CubeAccess>(
             op: name,
             detail: format!("NCCL cannot reduce {:?} tensors", input.dtype),
         })?;
+        let count = nccl_count(input, name)?;
+        if nccl_count(output, name)? != count || output.dtype != input.dtype {
+            return Err(DistError::InvalidBuffer {
+                op: name,
+                detail: "the output is not the input's size and dtype".into(),
+            });
+        }
         calls.push(make(
             device_address(input, name)?,
             device_address(output, name)?,
-            input.meta.shape().num_elements(),
+            count,
             dtype,
         ));
     }
@@ -287,4 +338,24 @@ fn empty_like(tensor: &CubeTensor<CudaRuntime>) -> CubeTensor<CudaRuntime> {
         tensor.meta.shape().clone(),
         tensor.dtype,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::packed_count;
+
+    #[test]
+    fn only_packed_buffers_of_the_right_size_reach_nccl() {
+        assert_eq!(packed_count(&[10], &[1], 40, 4), Ok(10));
+        assert_eq!(packed_count(&[2, 1, 5], &[5, 99, 1], 40, 4), Ok(10));
+        // A pitched [3, 7] f32 tensor (cubecl pads 28-byte rows to 32 bytes).
+        let pitched = packed_count(&[3, 7], &[8, 1], 96, 4).expect_err("pitched");
+        assert!(pitched.contains("not packed"), "{pitched}");
+        // A strided view of every other element.
+        assert!(packed_count(&[5], &[2], 40, 4).is_err());
+        // A buffer shorter than the count says.
+        let short = packed_count(&[10], &[1], 36, 4).expect_err("short");
+        assert!(short.contains("36"), "{short}");
+        assert_eq!(packed_count(&[0], &[1], 0, 2), Ok(0));
+    }
 }

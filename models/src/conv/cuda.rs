@@ -6,7 +6,7 @@
 //! device, runs cuDNN on bf16 with f32 accumulation, and casts the result back to f32: the model,
 //! its gradients and the optimizer never see bf16, as with PyTorch's autocast.
 
-use std::sync::Once;
+use std::sync::{Once, OnceLock};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ConvOptions, FloatTensor, FloatTensorOps, ModuleOps};
@@ -16,15 +16,40 @@ use cubecl::cuda::CudaRuntime;
 
 use super::ConvBackend;
 use super::cpu::Geometry;
-use super::cudnn::{self, Pass, Pointers, Problem};
+use super::cudnn::{self, Layouts, Pass, Pointers, Problem};
+use super::layout::{LayoutError, TensorLayout};
 use crate::switch::{ConvPrecision, conv_precision};
 
 pub(crate) use burn_dist::{CubeAccess, CudaFused, CudaRaw};
 
-/// Whether cuDNN can be used; the first `false` prints the one line that says why and how to
-/// fix it.
+/// The first cuDNN failure of the process. Once set, every conv goes to Burn's kernels: a call
+/// that failed is not retried (each retry would cost a device sync, and cuDNN fails the same way).
+pub(crate) struct FirstFailure(OnceLock<String>);
+
+impl FirstFailure {
+    pub(crate) const fn new() -> Self {
+        Self(OnceLock::new())
+    }
+
+    /// Records `error`; `true` the first time (the caller says it, once).
+    pub(crate) fn record(&self, error: &str) -> bool {
+        self.0.set(error.to_string()).is_ok()
+    }
+
+    pub(crate) fn get(&self) -> Option<&str> {
+        self.0.get().map(String::as_str)
+    }
+}
+
+static FAILED: FirstFailure = FirstFailure::new();
+
+/// Whether cuDNN can be used: it loads with its sub-libraries and has not failed yet. The first
+/// `false` for a missing cuDNN prints the one line that says why and how to fix it.
 fn cudnn_ready() -> bool {
     static SAID: Once = Once::new();
+    if FAILED.get().is_some() {
+        return false;
+    }
     match cudnn::unavailable() {
         None => true,
         Some(reason) => {
@@ -34,15 +59,22 @@ fn cudnn_ready() -> bool {
     }
 }
 
-/// The first cuDNN failure at run time, printed once; that call and later ones fall back.
+/// Why cuDNN is not used (see [`super::cudnn_unavailable`]).
+pub(crate) fn unavailable_reason() -> Option<String> {
+    if let Some(failure) = FAILED.get() {
+        return Some(format!("cuDNN failed earlier: {failure}"));
+    }
+    cudnn::unavailable().map(str::to_string)
+}
+
+/// Records the first cuDNN failure, says it once; this and every later conv use Burn's kernels.
 fn warn_failure(error: &cudnn::CudnnFailure) {
-    static SAID: Once = Once::new();
-    SAID.call_once(|| {
+    if FAILED.record(&error.0) {
         eprintln!(
-            "--conv fast on CUDA: cuDNN failed ({}); falling back to Burn's conv for that call",
+            "--conv fast on CUDA: cuDNN failed ({}); Burn's conv runs this and every later conv",
             error.0
-        )
-    });
+        );
+    }
 }
 
 fn dims4(shape: &Shape) -> Option<[usize; 4]> {
@@ -77,28 +109,95 @@ fn problem(
     })
 }
 
-/// An operand as cuDNN reads it: contiguous, cast to bf16 on the device for a bf16 problem.
-fn operand(t: CubeTensor<CudaRuntime>, p: &Problem) -> CubeTensor<CudaRuntime> {
-    let t = contiguous(t);
+/// A tensor cuDNN reads or writes, with the layout its descriptor gets.
+struct Operand {
+    tensor: CubeTensor<CudaRuntime>,
+    layout: TensorLayout,
+}
+
+fn refused(what: &'static str) -> impl Fn(LayoutError) -> cudnn::CudnnFailure {
+    move |e| cudnn::CudnnFailure(format!("cuDNN cannot describe {what}'s layout: {e}"))
+}
+
+/// The layout of `t` as its strides and buffer say (cubecl pads rows: never assume packed).
+fn layout_of(t: &CubeTensor<CudaRuntime>) -> Result<TensorLayout, LayoutError> {
+    TensorLayout::describe(t.meta.shape(), t.meta.strides(), elems_in_buffer(t))
+}
+
+fn filter_layout_of(t: &CubeTensor<CudaRuntime>) -> Result<TensorLayout, LayoutError> {
+    TensorLayout::filter(t.meta.shape(), t.meta.strides(), elems_in_buffer(t))
+}
+
+fn elems_in_buffer(t: &CubeTensor<CudaRuntime>) -> usize {
+    t.handle.size_in_used() as usize / t.dtype.size()
+}
+
+fn in_precision(t: CubeTensor<CudaRuntime>, p: &Problem) -> CubeTensor<CudaRuntime> {
     if p.bf16 {
-        contiguous(CudaRaw::float_cast(t, FloatDType::BF16))
+        CudaRaw::float_cast(t, FloatDType::BF16)
     } else {
         t
     }
 }
 
-/// A fresh output of `shape` in the problem's precision.
-fn output(
-    shape: [usize; 4],
-    device: &<CudaRuntime as cubecl::Runtime>::Device,
-    p: &Problem,
-) -> CubeTensor<CudaRuntime> {
-    let dtype = if p.bf16 {
+/// x or dy as cuDNN reads it, in the problem's precision: as it lies when cuDNN can describe its
+/// strides (pitched rows included: no copy), else a packed copy.
+fn activation(t: CubeTensor<CudaRuntime>, p: &Problem) -> Result<Operand, cudnn::CudnnFailure> {
+    let t = in_precision(t, p);
+    if let Ok(layout) = layout_of(&t) {
+        return Ok(Operand { tensor: t, layout });
+    }
+    let tensor = contiguous(t);
+    let layout = layout_of(&tensor).map_err(refused("an input"))?;
+    Ok(Operand { tensor, layout })
+}
+
+/// The weight as cuDNN reads it: packed NCHW (filter descriptors take no strides), copied when
+/// cubecl padded its rows (3×3 and 7×7 filters are).
+fn filter(t: CubeTensor<CudaRuntime>, p: &Problem) -> Result<Operand, cudnn::CudnnFailure> {
+    let t = in_precision(t, p);
+    let tensor = if filter_layout_of(&t).is_ok() {
+        t
+    } else {
+        contiguous(t)
+    };
+    let layout = filter_layout_of(&tensor).map_err(refused("the weight"))?;
+    Ok(Operand { tensor, layout })
+}
+
+fn dtype_of(p: &Problem) -> FloatDType {
+    if p.bf16 {
         FloatDType::BF16
     } else {
         FloatDType::F32
-    };
-    CudaRaw::float_empty(Shape::new(shape), device, dtype)
+    }
+}
+
+/// A fresh y or dx, as cubecl lays it out (pitched rows), described with its real strides.
+fn fresh_activation(
+    shape: [usize; 4],
+    device: &<CudaRuntime as cubecl::Runtime>::Device,
+    p: &Problem,
+) -> Result<Operand, cudnn::CudnnFailure> {
+    let tensor = CudaRaw::float_empty(Shape::new(shape), device, dtype_of(p));
+    let layout = layout_of(&tensor).map_err(refused("the output"))?;
+    Ok(Operand { tensor, layout })
+}
+
+/// A fresh dw, packed (a filter descriptor has no strides; cubecl would pad its rows).
+fn fresh_filter(
+    shape: [usize; 4],
+    like: &CubeTensor<CudaRuntime>,
+    p: &Problem,
+) -> Result<Operand, cudnn::CudnnFailure> {
+    let tensor = burn_cubecl::ops::numeric::empty_device_contiguous_dtype(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::new(shape),
+        dtype_of(p).into(),
+    );
+    let layout = filter_layout_of(&tensor).map_err(refused("the weight gradient"))?;
+    Ok(Operand { tensor, layout })
 }
 
 /// A pass's result back in f32.
@@ -121,27 +220,33 @@ fn address(t: &CubeTensor<CudaRuntime>) -> Result<u64, cudnn::CudnnFailure> {
         .map_err(|e| cudnn::CudnnFailure(format!("reaching a tensor's buffer: {e:?}")))
 }
 
-/// Runs `pass` in place on contiguous `CubeTensor`s (`y` is dy for the gradients).
+/// Runs `pass` in place (`y` is dy for the gradients).
 fn run_pass(
     pass: Pass,
     problem: &Problem,
-    x: &CubeTensor<CudaRuntime>,
-    w: &CubeTensor<CudaRuntime>,
-    y: &CubeTensor<CudaRuntime>,
+    x: &Operand,
+    w: &Operand,
+    y: &Operand,
 ) -> Result<(), cudnn::CudnnFailure> {
     let pointers = Pointers {
-        x: address(x)?,
-        w: address(w)?,
-        y: address(y)?,
+        x: address(&x.tensor)?,
+        w: address(&w.tensor)?,
+        y: address(&y.tensor)?,
+    };
+    let layouts = Layouts {
+        x: x.layout,
+        w: w.layout,
+        y: y.layout,
     };
     // cuDNN runs on its own stream: whatever Burn queued that writes an input must be done.
-    CudaRaw::sync(&x.device)
+    CudaRaw::sync(&x.tensor.device)
         .map_err(|e| cudnn::CudnnFailure(format!("synchronising Burn's work: {e:?}")))?;
-    // SAFETY: the three tensors are contiguous, of the problem's shapes and dtype, on `x.device`
-    // (checked by `problem`, made contiguous and cast by the callers), they are borrowed for the whole
-    // call so cubecl cannot reuse their memory, Burn's work was synchronised above, and the
-    // output is a fresh tensor nothing reads before `run` returns (it synchronises its stream).
-    unsafe { cudnn::run(x.device.index, pass, problem, &pointers) }
+    // SAFETY: each layout was computed from its tensor's shape, strides and buffer size (every
+    // element it reaches is inside the buffer), the tensors are of the problem's dtype (cast by
+    // the callers) on `x.device`, borrowed for the whole call so cubecl cannot reuse their
+    // memory; Burn's work was synchronised above, and the output is a fresh tensor nothing reads
+    // before `run` returns (it synchronises its stream).
+    unsafe { cudnn::run(x.tensor.device.index, pass, problem, &layouts, &pointers) }
 }
 
 fn forward<B: CubeAccess>(
@@ -162,19 +267,20 @@ fn forward<B: CubeAccess>(
         return B::conv2d(x, weight, bias, options);
     };
     let device = B::float_device(&x);
-    let (x, w) = (
-        contiguous(B::into_cube(x)),
-        contiguous(B::into_cube(weight)),
-    );
-    let y = output(p.y, &x.device, &p);
-    let y = match run_pass(
-        Pass::Forward,
-        &p,
-        &operand(x.clone(), &p),
-        &operand(w.clone(), &p),
-        &y,
-    ) {
-        Ok(()) => to_f32(y, &p),
+    let (x, w) = (B::into_cube(x), B::into_cube(weight));
+    let ran = (|| -> Result<CubeTensor<CudaRuntime>, cudnn::CudnnFailure> {
+        let y = fresh_activation(p.y, &x.device, &p)?;
+        run_pass(
+            Pass::Forward,
+            &p,
+            &activation(x.clone(), &p)?,
+            &filter(w.clone(), &p)?,
+            &y,
+        )?;
+        Ok(y.tensor)
+    })();
+    let y = match ran {
+        Ok(y) => to_f32(y, &p),
         Err(e) => {
             warn_failure(&e);
             CudaRaw::conv2d(x, w, None, options)
@@ -231,17 +337,21 @@ fn gradient<B: CubeAccess>(
         B::into_cube(weight),
         B::into_cube(output_grad),
     );
-    let input = pass == Pass::InputGrad;
-    // cuDNN writes the gradient where that pass's output tensor (dx or dw) goes.
-    let grad = output(if input { p.x } else { p.w }, &x.device, &p);
-    let dy_operand = operand(dy.clone(), &p);
-    let ran = if input {
-        run_pass(pass, &p, &grad, &operand(w.clone(), &p), &dy_operand)
-    } else {
-        run_pass(pass, &p, &operand(x.clone(), &p), &grad, &dy_operand)
-    };
+    let ran = (|| -> Result<CubeTensor<CudaRuntime>, cudnn::CudnnFailure> {
+        let dy_operand = activation(dy.clone(), &p)?;
+        // cuDNN writes the gradient where that pass's output tensor (dx or dw) goes.
+        if pass == Pass::InputGrad {
+            let dx = fresh_activation(p.x, &x.device, &p)?;
+            run_pass(pass, &p, &dx, &filter(w.clone(), &p)?, &dy_operand)?;
+            Ok(dx.tensor)
+        } else {
+            let dw = fresh_filter(p.w, &w, &p)?;
+            run_pass(pass, &p, &activation(x.clone(), &p)?, &dw, &dy_operand)?;
+            Ok(dw.tensor)
+        }
+    })();
     let grad = match ran {
-        Ok(()) => to_f32(grad, &p),
+        Ok(grad) => to_f32(grad, &p),
         Err(e) => {
             warn_failure(&e);
             burn_gradient::<CudaRaw>(pass, x, w, dy, options)
@@ -290,24 +400,17 @@ cudnn_conv_backend!(CudaFused);
 mod tests {
     use super::*;
 
-    /// On a machine without libcudnn (CI, this CPU machine) the probe says so, and the one line
-    /// names the library and the fix; with libcudnn present the probe passes.
     #[test]
-    fn missing_cudnn_is_reported_with_the_fix() {
-        // SAFETY: only tries to dlopen the library.
-        let present = unsafe { cudarc::cudnn::sys::is_culib_present() };
-        match cudnn::unavailable() {
-            None => assert!(present, "the probe passed without libcudnn"),
-            Some(reason) => {
-                assert!(!present);
-                let line = cudnn::fallback_message(reason);
-                assert!(!line.contains('\n'), "one line: {line}");
-                for needle in ["libcudnn.so.9", "LD_LIBRARY_PATH", "Burn's own kernels"] {
-                    assert!(line.contains(needle), "{needle:?} missing from: {line}");
-                }
-                assert!(!cudnn_ready(), "without libcudnn the CUDA convs fall back");
-            }
-        }
+    fn the_first_cudnn_failure_is_kept_and_said_once() {
+        let failed = FirstFailure::new();
+        assert_eq!(failed.get(), None);
+        assert!(failed.record("cudnnConvolutionForward: CUDNN_STATUS_EXECUTION_FAILED"));
+        assert!(!failed.record("a later failure"), "said once");
+        assert_eq!(
+            failed.get(),
+            Some("cudnnConvolutionForward: CUDNN_STATUS_EXECUTION_FAILED"),
+            "the first cause is the one kept"
+        );
     }
 
     #[test]

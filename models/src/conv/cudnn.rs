@@ -17,6 +17,8 @@ use std::sync::{Arc, OnceLock};
 use cudarc::cudnn::{result as dnn, sys};
 use cudarc::driver::{CudaContext, CudaStream};
 
+use super::layout::TensorLayout;
+
 /// The largest workspace an algorithm may ask for.
 const WORKSPACE_LIMIT: usize = 1 << 30;
 
@@ -41,11 +43,21 @@ pub(crate) struct Problem {
     pub bf16: bool,
 }
 
-/// Device addresses of one call's tensors (contiguous, NCHW, f32 or bf16 as the problem says).
+/// Device addresses of one call's tensors (f32 or bf16 as the problem says), laid out as their
+/// [`Layouts`] say.
 pub(crate) struct Pointers {
     pub x: u64,
     pub w: u64,
     pub y: u64,
+}
+
+/// The memory layouts of one call's tensors: x and y (dy) with their real strides (cubecl pads
+/// rows, see [`super::layout`]), w packed (filter descriptors take no strides).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Layouts {
+    pub x: TensorLayout,
+    pub w: TensorLayout,
+    pub y: TensorLayout,
 }
 
 /// Why cuDNN cannot run here, or `None` if it can: probed once per process.
@@ -54,21 +66,39 @@ pub(crate) fn unavailable() -> Option<&'static str> {
     PROBE
         .get_or_init(|| {
             // SAFETY: only tries to dlopen the library; calls nothing in it.
-            if !unsafe { sys::is_culib_present() } {
-                return Some("libcudnn could not be loaded".to_string());
-            }
-            None
+            probe(&burn_dist::cuda_libs::find(), || unsafe {
+                sys::is_culib_present()
+            })
         })
         .as_deref()
 }
 
+/// Why cuDNN cannot run with the libraries `libs` found, or `None`: a `libcudnn.so.9` whose
+/// folder holds its sub-libraries, and that cudarc loads (`loads`). cuDNN 9's shim without its
+/// sub-libraries aborts the process in `cudnnCreate`, so a shim alone is not enough.
+pub(crate) fn probe(
+    libs: &burn_dist::cuda_libs::CudaLibraries,
+    loads: impl FnOnce() -> bool,
+) -> Option<String> {
+    use burn_dist::cuda_libs::CudaLibrary;
+    let found = match libs.require(CudaLibrary::Cudnn) {
+        Ok(found) => found,
+        Err(missing) => return Some(missing.to_string()),
+    };
+    if !loads() {
+        return Some(format!(
+            "{} is there, but cudarc does not load it: start the program through \
+             burn_dist::cuda_libs::prepare() or put {} on LD_LIBRARY_PATH",
+            found.path.display(),
+            found.folder().display()
+        ));
+    }
+    None
+}
+
 /// The one line printed when cuDNN is missing.
 pub(crate) fn fallback_message(reason: &str) -> String {
-    format!(
-        "--conv fast on CUDA: {reason}, so convs use Burn's own kernels; to use cuDNN, install \
-         cuDNN 9 (e.g. `pip install nvidia-cudnn-cu12`) and put the directory that holds \
-         `libcudnn.so.9` (for pip: site-packages/nvidia/cudnn/lib) on LD_LIBRARY_PATH"
-    )
+    format!("--conv fast on CUDA: {reason}; until then convs use Burn's own kernels")
 }
 
 /// A cuDNN failure, with the call that failed.
@@ -89,7 +119,7 @@ struct State {
     stream: Arc<CudaStream>,
     handle: sys::cudnnHandle_t,
     workspace: Workspace,
-    algos: HashMap<(Pass, Problem), (Algo, usize)>,
+    algos: HashMap<(Pass, Problem, Layouts), (Algo, usize)>,
 }
 
 impl State {
@@ -161,16 +191,22 @@ struct Descriptors {
     conv: sys::cudnnConvolutionDescriptor_t,
 }
 
-fn dims(d: [usize; 4]) -> Result<[c_int; 4], CudnnFailure> {
-    let mut out = [0; 4];
-    for (o, v) in out.iter_mut().zip(d) {
-        *o = c_int::try_from(v).map_err(|_| CudnnFailure(format!("dimension {v} too large")))?;
-    }
-    Ok(out)
-}
-
 impl Descriptors {
-    fn new(p: &Problem) -> Result<Self, CudnnFailure> {
+    fn new(p: &Problem, layouts: &Layouts) -> Result<Self, CudnnFailure> {
+        let dims = |d: [usize; 4]| d.map(|v| v as c_int);
+        if layouts.x.dims != dims(p.x) || layouts.y.dims != dims(p.y) || layouts.w.dims != dims(p.w)
+        {
+            return Err(CudnnFailure(format!(
+                "the tensors' shapes {layouts:?} are not the problem's {p:?}"
+            )));
+        }
+        if !layouts.w.is_packed() {
+            return Err(CudnnFailure(format!(
+                "the filter's strides {:?} are not packed NCHW, which is all a cuDNN filter \
+                 descriptor describes",
+                layouts.w.strides
+            )));
+        }
         // The conv's compute type stays f32 in both cases: bf16 storage, f32 accumulation.
         let f32_ = sys::cudnnDataType_t::CUDNN_DATA_FLOAT;
         let data = if p.bf16 {
@@ -197,9 +233,14 @@ impl Descriptors {
         };
         // SAFETY: all four descriptors were created above and are set once each.
         unsafe {
-            dnn::set_tensor4d_descriptor(d.x, nchw, data, dims(p.x)?).map_err(fail("x desc"))?;
-            dnn::set_tensor4d_descriptor(d.y, nchw, data, dims(p.y)?).map_err(fail("y desc"))?;
-            dnn::set_filter4d_descriptor(d.w, data, nchw, dims(p.w)?).map_err(fail("w desc"))?;
+            // The real strides: cubecl pads rows (W = 7 f32 rows are 8 floats apart), and a
+            // packed descriptor would make cuDNN read and write the wrong elements.
+            dnn::set_tensor4d_descriptor_ex(d.x, data, layouts.x.dims, layouts.x.strides)
+                .map_err(fail("x desc"))?;
+            dnn::set_tensor4d_descriptor_ex(d.y, data, layouts.y.dims, layouts.y.strides)
+                .map_err(fail("y desc"))?;
+            dnn::set_filter4d_descriptor(d.w, data, nchw, layouts.w.dims)
+                .map_err(fail("w desc"))?;
             dnn::set_convolution2d_descriptor(
                 d.conv,
                 ph,
@@ -317,13 +358,15 @@ fn choose(
 /// weight grad writes `w` (from `x`, `y` = dy). Returns once the result is on the device.
 ///
 /// # Safety
-/// The pointers are contiguous f32 buffers of the problem's shapes on `device`, alive until this
-/// returns, every kernel that writes the inputs has finished (the caller synchronised Burn's
-/// work), and nothing reads the output before this returns.
+/// The pointers address buffers of the problem's dtype on `device` that hold every element
+/// `layouts` reaches (checked by [`TensorLayout::describe`] against each buffer's size), alive
+/// until this returns; every kernel that writes the inputs has finished (the caller synchronised
+/// Burn's work), and nothing reads the output before this returns.
 pub(crate) unsafe fn run(
     device: usize,
     pass: Pass,
     problem: &Problem,
+    layouts: &Layouts,
     ptr: &Pointers,
 ) -> Result<(), CudnnFailure> {
     STATES.with(|states| {
@@ -336,12 +379,13 @@ pub(crate) unsafe fn run(
             .ctx
             .bind_to_thread()
             .map_err(fail("binding the CUDA context"))?;
-        let d = Descriptors::new(problem)?;
-        let (algo, bytes) = match state.algos.get(&(pass, *problem)) {
+        let d = Descriptors::new(problem, layouts)?;
+        let key = (pass, *problem, *layouts);
+        let (algo, bytes) = match state.algos.get(&key) {
             Some(choice) => *choice,
             None => {
                 let choice = choose(state.handle, pass, &d)?;
-                state.algos.insert((pass, *problem), choice);
+                state.algos.insert(key, choice);
                 choice
             }
         };
@@ -411,4 +455,73 @@ pub(crate) unsafe fn run(
             .synchronize()
             .map_err(fail("synchronising the cuDNN stream"))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn_dist::cuda_libs::{CUDNN_SUB_LIBRARIES, find_in};
+
+    fn touch(path: &std::path::Path) {
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, b"").expect("write");
+    }
+
+    /// The probe over fake folders: a shim without its sub-libraries is refused with the reason
+    /// and the fix (cuDNN 9 would abort the process); nothing at all names the package.
+    #[test]
+    fn the_probe_refuses_a_shim_without_its_sub_libraries() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let shim = root.path().join("shim");
+        touch(&shim.join("libcudnn.so.9"));
+        let libs = find_in(std::slice::from_ref(&shim));
+        let reason = probe(&libs, || true).expect("not ready");
+        for needle in [
+            "libcudnn_cnn.so.9",
+            "aborts",
+            "nvidia-cudnn-cu12",
+            "LD_LIBRARY_PATH",
+        ] {
+            assert!(reason.contains(needle), "{needle:?} missing from: {reason}");
+        }
+        let line = fallback_message(&reason);
+        assert!(!line.contains('\n'), "one line: {line}");
+        assert!(line.contains("Burn's own kernels"), "{line}");
+
+        let empty = root.path().join("empty");
+        std::fs::create_dir_all(&empty).expect("mkdir");
+        let reason = probe(&find_in(&[empty]), || true).expect("nothing there");
+        assert!(
+            reason.contains("cuDNN") && reason.contains("was not found"),
+            "{reason}"
+        );
+    }
+
+    /// A complete folder is ready only when cudarc loads the library too; empty files named like
+    /// the sub-libraries do not count (they must open).
+    #[test]
+    fn the_probe_needs_sub_libraries_that_open_and_a_library_cudarc_loads() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let fake = root.path().join("fake");
+        touch(&fake.join("libcudnn.so.9"));
+        for name in CUDNN_SUB_LIBRARIES {
+            touch(&fake.join(name));
+        }
+        let reason = probe(&find_in(std::slice::from_ref(&fake)), || true).expect("not libraries");
+        assert!(reason.contains("cannot be opened"), "{reason}");
+
+        // The real wheel, when a Python environment with it is active.
+        let Some(venv) = std::env::var_os("VIRTUAL_ENV") else {
+            return;
+        };
+        let env = |k: &str| (k == "VIRTUAL_ENV").then(|| venv.clone());
+        let places = burn_dist::cuda_libs::search_places(&env, &[], root.path());
+        let libs = find_in(&places);
+        if libs.get(burn_dist::cuda_libs::CudaLibrary::Cudnn).is_none() {
+            return;
+        }
+        assert_eq!(probe(&libs, || true), None, "the wheel is ready");
+        let reason = probe(&libs, || false).expect("cudarc cannot load it");
+        assert!(reason.contains("cuda_libs::prepare"), "{reason}");
+    }
 }

@@ -8,6 +8,15 @@ mod cuda;
 #[cfg(feature = "cuda")]
 mod cudnn;
 mod dispatch;
+#[cfg(feature = "cuda")]
+mod layout;
 
 pub use backend::ConvBackend;
+
+/// Why cuDNN does not run the CUDA convs in this process (missing or incomplete library, or an
+/// earlier failure), or `None` when it does. Probes once, like the convs themselves.
+#[cfg(feature = "cuda")]
+pub fn cudnn_unavailable() -> Option<String> {
+    cuda::unavailable_reason()
+}
 pub use dispatch::{conv2d, conv2d_with};

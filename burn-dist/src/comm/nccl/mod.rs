@@ -55,8 +55,54 @@ pub struct Nccl {
     rank: usize,
     world_size: usize,
     timeout: Duration,
-    requests: Mutex<mpsc::Sender<Request>>,
+    /// `None` once dropped: closing the channel tells the thread to finalise the communicator.
+    requests: Mutex<Option<mpsc::Sender<Request>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     broken: Broken,
+}
+
+/// How long dropping a communicator waits for its thread to finalise it at most (beyond that the
+/// thread is left to finish on its own, and said so).
+const FINALIZE_BOUND: Duration = Duration::from_secs(60);
+
+/// Joins `handle` if its thread ends within `bound`; `false` (the thread left running) otherwise.
+pub(crate) fn join_within(handle: std::thread::JoinHandle<()>, bound: Duration) -> bool {
+    let start = std::time::Instant::now();
+    while !handle.is_finished() {
+        if start.elapsed() >= bound {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let _ = handle.join();
+    true
+}
+
+impl Drop for Nccl {
+    /// Closes the request channel and waits (bounded) for the thread to finalise and destroy the
+    /// communicator, so that a process does not exit in the middle of `ncclCommFinalize`.
+    fn drop(&mut self) {
+        drop(
+            self.requests
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
+        let thread = self
+            .thread
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(thread) = thread {
+            let bound = self.timeout.min(FINALIZE_BOUND);
+            if !join_within(thread, bound) {
+                eprintln!(
+                    "burn-dist: rank {}: the NCCL thread did not finish finalising within {bound:?};                      leaving it",
+                    self.rank
+                );
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Nccl {
@@ -100,9 +146,9 @@ impl Nccl {
     /// real one-rank NCCL communicator (used to check the NCCL path on one GPU).
     ///
     /// # Errors
-    /// [`DistError::LibraryMissing`] naming the library files tried (NCCL is looked up as
-    /// `libnccl.so`; Debian and pip ship `libnccl.so.2`: add a `libnccl.so` symlink in a directory
-    /// on `LD_LIBRARY_PATH`); [`DistError::Nccl`] when initialisation fails;
+    /// [`DistError::LibraryMissing`] naming the library files tried (cudarc looks NCCL up as
+    /// `libnccl.so`; Debian and pip ship `libnccl.so.2`: call [`crate::cuda_libs::prepare`] first
+    /// in `main`, which links it); [`DistError::Nccl`] when initialisation fails;
     /// [`DistError::NcclTimeout`] when not every rank joins within `timeout`; store timeouts.
     pub fn new(world: &World, store: &Store, device: usize, timeout: Duration) -> Result<Self> {
         // SAFETY: only dlopen probes, before any other cudarc call (which would panic).
@@ -118,8 +164,9 @@ impl Nccl {
             return Err(library_missing(
                 "NCCL",
                 "nccl",
-                "install NCCL (e.g. `pip install nvidia-nccl-cu12` or Debian's libnccl2) and create a \
-                 `libnccl.so` symlink to `libnccl.so.2` in a directory listed in LD_LIBRARY_PATH",
+                "install NCCL (`pip install nvidia-nccl-cu12` or Debian's libnccl2); programs that call \
+                 burn_dist::cuda_libs::prepare() first find libnccl.so.2 there themselves, others need \
+                 a `libnccl.so` symlink to it in a folder on LD_LIBRARY_PATH",
             ));
         }
         let rank = world.rank;
@@ -163,13 +210,17 @@ impl Nccl {
         };
         let (tx, rx) = mpsc::channel::<Request>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name(format!("burn-dist-nccl-{rank}"))
             .spawn(move || worker::run(setup, rx, ready_tx))
             .map_err(|e| err("starting the NCCL thread", e.to_string()))?;
         match ready_rx.recv_timeout(timeout + BACKSTOP) {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
+            Ok(Err(e)) => {
+                // The thread has sent its error and returns.
+                join_within(thread, BACKSTOP);
+                return Err(e);
+            }
             Err(_) => {
                 return Err(DistError::NcclTimeout {
                     op: "ncclCommInitRankConfig",
@@ -182,7 +233,8 @@ impl Nccl {
             rank,
             world_size: world.world_size,
             timeout,
-            requests: Mutex::new(tx),
+            requests: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
             broken,
         })
     }
@@ -237,8 +289,9 @@ impl Nccl {
             .requests
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .send(make(reply_tx));
-        if sent.is_err() {
+            .as_ref()
+            .map(|tx| tx.send(make(reply_tx)));
+        if !matches!(sent, Some(Ok(()))) {
             return Err(DistError::Broken {
                 rank: self.rank,
                 first: first_failure().unwrap_or_else(|| "the NCCL thread has stopped".into()),
@@ -315,6 +368,18 @@ impl Communicator for Nccl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dropping_joins_a_thread_that_ends_and_bounds_one_that_does_not() {
+        let quick = std::thread::spawn(|| std::thread::sleep(Duration::from_millis(20)));
+        assert!(join_within(quick, Duration::from_secs(30)));
+        let (release, wait) = mpsc::channel::<()>();
+        let stuck = std::thread::spawn(move || {
+            let _ = wait.recv();
+        });
+        assert!(!join_within(stuck, Duration::from_millis(50)), "bounded");
+        drop(release);
+    }
 
     #[test]
     fn missing_libraries_are_reported_not_panicked() {

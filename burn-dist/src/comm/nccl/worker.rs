@@ -68,9 +68,42 @@ struct Worker {
     stream: Arc<CudaStream>,
     comm: nsys::ncclComm_t,
     aborted: bool,
+    gate: AbortGate,
     broken: Broken,
     /// Buffers of requests whose stream never went idle after an abort: never freed.
     quarantine: Vec<Box<dyn Send>>,
+}
+
+/// Holds an abort back while an NCCL group is open. `ncclCommAbort` called between
+/// `ncclGroupStart` and `ncclGroupEnd` defers its reclaim into the caller's open group (NCCL
+/// 2.27+), so the communicator would be torn down inside a group that then launches on it. An
+/// abort wanted inside a group runs right after the group is ended.
+#[derive(Debug, Default)]
+pub(super) struct AbortGate {
+    group_open: bool,
+    pending: bool,
+}
+
+impl AbortGate {
+    pub(super) fn open_group(&mut self) {
+        self.group_open = true;
+    }
+
+    /// An abort is wanted: `true` when it may run now, `false` when it waits for the group's end.
+    pub(super) fn request(&mut self) -> bool {
+        if self.group_open {
+            self.pending = true;
+            false
+        } else {
+            true
+        }
+    }
+
+    /// `ncclGroupEnd` returned: `true` when a deferred abort must run now.
+    pub(super) fn close_group(&mut self) -> bool {
+        self.group_open = false;
+        std::mem::take(&mut self.pending)
+    }
 }
 
 /// Runs the communicator until the request channel closes. `ready` gets the result of the
@@ -147,6 +180,7 @@ impl Worker {
             stream,
             comm,
             aborted: false,
+            gate: AbortGate::default(),
             broken: Arc::clone(&s.broken),
             quarantine: Vec::new(),
         };
@@ -207,25 +241,37 @@ impl Worker {
         if grouped {
             // SAFETY: plain NCCL call; groups only batch the calls below.
             self.check(name, unsafe { nsys::ncclGroupStart() }, start)?;
+            self.gate.open_group();
         }
         for call in &calls {
             // SAFETY: the pointers and counts come from `Nccl::run_device`'s caller, who
             // guarantees they address live device memory of this device that `keep_alive` keeps
             // allocated; the request is answered only after the stream is idle.
             let result = unsafe { self.enqueue(call) };
+            // An abort wanted here is held back by the gate until the group is ended below.
             if let Err(e) = self.check(name, result, start) {
                 if grouped {
                     // SAFETY: closes the group opened above; nothing is launched on error.
                     let _ = unsafe { nsys::ncclGroupEnd() };
+                    self.end_group();
                 }
                 return Err(e);
             }
         }
         if grouped {
             // SAFETY: closes the group opened above, which launches its calls.
-            self.check(name, unsafe { nsys::ncclGroupEnd() }, start)?;
+            let ended = unsafe { nsys::ncclGroupEnd() };
+            self.end_group();
+            self.check(name, ended, start)?;
         }
         self.wait_stream(name, start)
+    }
+
+    /// After `ncclGroupEnd`: runs the abort the gate held back, if any.
+    fn end_group(&mut self) {
+        if self.gate.close_group() {
+            self.abort_now();
+        }
     }
 
     /// # Safety
@@ -365,12 +411,20 @@ impl Worker {
         unsafe { dsys::cuStreamQuery(self.stream.cu_stream()) }
     }
 
-    /// Aborts the communicator (once) and records `cause` as the communicator's first failure.
+    /// Records `cause` as the communicator's first failure and aborts the communicator (once),
+    /// after the open group's end if a group is open (see [`AbortGate`]).
     fn abort(&mut self, cause: &DistError) {
         record(&self.broken, cause.to_string());
+        if self.gate.request() {
+            self.abort_now();
+        }
+    }
+
+    fn abort_now(&mut self) {
         if !self.aborted {
             self.aborted = true;
-            // SAFETY: `self.comm` is live and owned by this thread; after abort it is never used.
+            // SAFETY: `self.comm` is live and owned by this thread, no group is open (the gate),
+            // and after abort it is never used.
             let _ = unsafe { nsys::ncclCommAbort(self.comm) };
         }
     }
@@ -478,5 +532,30 @@ impl Backoff {
             let micros = u64::from((self.polls - 50).min(100));
             std::thread::sleep(Duration::from_micros(micros));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AbortGate;
+
+    #[test]
+    fn an_abort_inside_a_group_waits_for_the_groups_end() {
+        let mut gate = AbortGate::default();
+        assert!(gate.request(), "outside a group an abort runs at once");
+        assert!(!gate.close_group(), "nothing was held back");
+
+        gate.open_group();
+        assert!(!gate.request(), "inside a group the abort is held back");
+        assert!(!gate.request(), "asked twice, still held");
+        assert!(
+            gate.close_group(),
+            "the held abort runs once the group is ended"
+        );
+        assert!(!gate.close_group(), "and only once");
+        assert!(gate.request(), "after the group, at once again");
+
+        gate.open_group();
+        assert!(!gate.close_group(), "a clean group runs no abort");
     }
 }
