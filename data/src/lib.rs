@@ -38,6 +38,7 @@ pub mod erase;
 mod error;
 mod folder;
 mod loader;
+mod pil_resample;
 mod sampler;
 pub mod synthetic;
 pub mod transform;
