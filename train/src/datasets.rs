@@ -63,6 +63,46 @@ pub(crate) fn val_transform(args: &TrainArgs) -> Transform {
     Transform::val_sizes(resize, crop).with_interpolation(interpolation(args))
 }
 
+/// The config table's line on sizes and augmentation: `--image-size`'s alone when no recipe
+/// flag changes anything, else the train crop, its augmentations and the validation sizes.
+pub(crate) fn describe_sizes(args: &TrainArgs) -> String {
+    let size = args.image_size as u32;
+    let (train, val) = (train_transform(args), val_transform(args));
+    if train == Transform::train(size) && val == Transform::val(size) && !args.ra_sampler {
+        return format!("{size} px");
+    }
+    let mut extra = Vec::new();
+    if let Transform::Train {
+        auto_augment: Some(policy),
+        ..
+    } = train
+    {
+        extra.push(format!("{policy:?}"));
+    }
+    if args.random_erase > 0.0 {
+        extra.push(format!("erase {}", args.random_erase));
+    }
+    if args.ra_sampler {
+        extra.push(format!("RASampler x{}", args.ra_reps));
+    }
+    let Transform::Val {
+        resize, size: crop, ..
+    } = val
+    else {
+        unreachable!("val_transform is a Val")
+    };
+    format!(
+        "train crop {} px{}, val resize {resize} -> crop {crop} px, {:?}",
+        train.size(),
+        if extra.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", extra.join(", "))
+        },
+        args.interpolation
+    )
+}
+
 /// This rank's validation loader over `folder`: not shuffled, padded duplicates marked.
 pub(crate) fn val_loader(
     args: &TrainArgs,
@@ -149,6 +189,7 @@ mod tests {
             let s: u32 = size.parse().expect("int");
             assert_eq!(train_transform(&a), Transform::train(s));
             assert_eq!(val_transform(&a), Transform::val(s));
+            assert_eq!(describe_sizes(&a), format!("{s} px"));
         }
     }
 
@@ -174,6 +215,11 @@ mod tests {
         assert_eq!(
             val_transform(&a),
             Transform::val_sizes(232, 224).with_interpolation(Interpolation::Bicubic)
+        );
+        assert_eq!(
+            describe_sizes(&a),
+            "train crop 176 px (TrivialAugmentWide, erase 0.1), val resize 232 -> crop 224 px, \
+             Bicubic"
         );
     }
 }
