@@ -3,7 +3,9 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
-use crate::transform::{IMAGENET_MEAN, IMAGENET_STD};
+use burn::tensor::Bool;
+
+use crate::transform::{CropBox, IMAGENET_MEAN, IMAGENET_STD};
 
 /// Image data of a batch, CHW per sample, samples contiguous (`[n, 3, size, size]`).
 #[derive(Debug, Clone, PartialEq)]
@@ -28,6 +30,9 @@ pub struct Batch {
     pub is_padding: Vec<bool>,
     /// Side of each square image.
     pub size: usize,
+    /// `RandomErasing`'s box per sample (`None`: not erased). [`images_tensor`](Self::images_tensor)
+    /// zeroes it after normalisation for u8 batches; f32 batches hold it zeroed already.
+    pub erase: Vec<Option<CropBox>>,
 }
 
 impl Batch {
@@ -58,9 +63,39 @@ impl Batch {
     /// `[n, 3, size, size]`.
     pub fn images_tensor<B: Backend>(&self, device: &B::Device) -> Tensor<B, 4> {
         match &self.images {
-            BatchImages::U8(px) => u8_images_to_tensor(px, self.shape(), device),
+            BatchImages::U8(px) => {
+                let x = u8_images_to_tensor(px, self.shape(), device);
+                match self.erase_mask::<B>(device) {
+                    Some(mask) => x.mask_fill(mask, 0.0),
+                    None => x,
+                }
+            }
             BatchImages::F32(px) => f32_images_to_tensor(px, self.shape(), device),
         }
+    }
+
+    /// `true` inside each sample's erase box, broadcast over channels; `None` when nothing is
+    /// erased (the common case costs nothing).
+    fn erase_mask<B: Backend>(&self, device: &B::Device) -> Option<Tensor<B, 4, Bool>> {
+        if self.erase.iter().all(Option::is_none) {
+            return None;
+        }
+        let s = self.size;
+        let mut mask = vec![false; self.len() * s * s];
+        for (k, erase) in self.erase.iter().enumerate() {
+            let Some(e) = erase else { continue };
+            let plane = &mut mask[k * s * s..(k + 1) * s * s];
+            for row in plane
+                .chunks_exact_mut(s)
+                .skip(e.top as usize)
+                .take(e.height as usize)
+            {
+                row[e.left as usize..(e.left + e.width) as usize].fill(true);
+            }
+        }
+        let mask: Tensor<B, 4, Bool> =
+            Tensor::from_data(TensorData::new(mask, [self.len(), 1, s, s]), device);
+        Some(mask.expand(self.shape()))
     }
 
     /// The labels as an int tensor.

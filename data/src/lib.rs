@@ -31,19 +31,26 @@
 //! No cargo features.
 #![deny(missing_docs)]
 
+pub mod augment;
 mod batch;
 mod decode;
+pub mod erase;
 mod error;
 mod folder;
 mod loader;
+mod pil_resample;
 mod sampler;
 pub mod synthetic;
 pub mod transform;
 
+pub use augment::AutoAugment;
 pub use batch::{Batch, BatchImages, f32_images_to_tensor, u8_images_to_tensor};
 pub use decode::{decode_bytes, decode_file, jpeg_end_of_image};
+pub use erase::RandomErasing;
 pub use error::DataError;
 pub use folder::{IMAGE_EXTENSIONS, ImageFolder, Sample, has_image_extension};
-pub use loader::{BadImagePolicy, EpochIter, Loader, LoaderConfig, OutputFormat, sample_rng};
-pub use sampler::{DistributedSampler, SampledIndex};
-pub use transform::{IMAGENET_MEAN, IMAGENET_STD, Resampler, Transform};
+pub use loader::{
+    BadImagePolicy, EpochIter, Loader, LoaderConfig, OutputFormat, repeat_rng, sample_rng,
+};
+pub use sampler::{DistributedSampler, SampledIndex, repeated_augmentation_indices};
+pub use transform::{CropBox, IMAGENET_MEAN, IMAGENET_STD, Interpolation, Resampler, Transform};

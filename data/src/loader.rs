@@ -12,8 +12,9 @@ use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
 use crate::decode::decode_file;
+use crate::erase::zero_box_chw;
 use crate::sampler::{DistributedSampler, SampledIndex};
-use crate::transform::{Resampler, Transform, normalize_chw};
+use crate::transform::{CropBox, Resampler, Transform, normalize_chw};
 use crate::{Batch, BatchImages, DataError, ImageFolder};
 
 /// What to do with a file that cannot be read or decoded.
@@ -133,6 +134,19 @@ fn splitmix64(mut x: u64) -> u64 {
 /// of `(seed, epoch, index)`.
 pub fn sample_rng(seed: u64, epoch: u64, index: usize) -> ChaCha8Rng {
     let h = splitmix64(splitmix64(splitmix64(seed) ^ epoch) ^ index as u64);
+    ChaCha8Rng::seed_from_u64(h)
+}
+
+/// The augmentation RNG of the `repeat`-th copy of sample `index` in `epoch` (the repeated
+/// augmentation sampler hands out each index several times, and each copy must be augmented
+/// differently); copy 0 is [`sample_rng`], so runs without repeats are unchanged.
+pub fn repeat_rng(seed: u64, epoch: u64, index: usize, repeat: u32) -> ChaCha8Rng {
+    if repeat == 0 {
+        return sample_rng(seed, epoch, index);
+    }
+    let h = splitmix64(
+        splitmix64(splitmix64(splitmix64(seed) ^ epoch) ^ index as u64) ^ u64::from(repeat),
+    );
     ChaCha8Rng::seed_from_u64(h)
 }
 
@@ -309,9 +323,15 @@ impl BatchJob {
         3 * s * s
     }
 
-    /// Decodes and transforms dataset sample `index` into `out`; on failure returns the reason
-    /// (and remembers the file as bad, warning once).
-    fn load_into(&self, index: usize, out: &mut [u8]) -> Result<(), String> {
+    /// Decodes and transforms dataset sample `index` (its `repeat`-th copy in the epoch) into
+    /// `out`, returning the erase box; on failure returns the reason (and remembers the file as
+    /// bad, warning once).
+    fn load_into(
+        &self,
+        index: usize,
+        repeat: u32,
+        out: &mut [u8],
+    ) -> Result<Option<CropBox>, String> {
         if let Some(reason) = self
             .bad
             .lock()
@@ -326,11 +346,11 @@ impl BatchJob {
                 DataError::BadImage { reason, .. } => reason,
                 other => other.to_string(),
             })?;
-            let mut rng = sample_rng(self.config.seed, self.epoch, index);
-            self.config
+            let mut rng = repeat_rng(self.config.seed, self.epoch, index, repeat);
+            Ok(self
+                .config
                 .transform
-                .apply_into(&img, &mut rng, self.config.resampler, out);
-            Ok(())
+                .apply_into(&img, &mut rng, self.config.resampler, out))
         }))
         .unwrap_or_else(|_| Err("the transform panicked on this image".to_string()));
         if let Err(reason) = &result {
@@ -349,15 +369,22 @@ impl BatchJob {
         let n = end - start;
         let positions = &self.positions[start..end];
         let mut pixels = vec![0u8; n * len];
-        let outcomes: Vec<Result<(), String>> = pixels
+        let outcomes: Vec<Result<Option<CropBox>, String>> = pixels
             .par_chunks_mut(len)
             .zip(positions.par_iter())
-            .map(|(out, p)| self.load_into(p.index, out))
+            .map(|(out, p)| self.load_into(p.index, p.repeat, out))
             .collect();
+        let mut erase = vec![None; n];
         let mut indices: Vec<usize> = positions.iter().map(|p| p.index).collect();
         let mut is_padding: Vec<bool> = positions.iter().map(|p| p.is_padding).collect();
         for (k, outcome) in outcomes.into_iter().enumerate() {
-            let Err(reason) = outcome else { continue };
+            let reason = match outcome {
+                Ok(e) => {
+                    erase[k] = e;
+                    continue;
+                }
+                Err(reason) => reason,
+            };
             let path = self.folder.samples()[indices[k]].path.clone();
             if self.config.policy == BadImagePolicy::Strict {
                 return Err(DataError::BadImage { path, reason });
@@ -367,12 +394,13 @@ impl BatchJob {
             let total = self.positions.len();
             let out = &mut pixels[k * len..(k + 1) * len];
             let replacement = (1..total)
-                .map(|j| self.positions[(start + k + j) % total].index)
-                .find(|&i| self.load_into(i, out).is_ok());
-            let Some(i) = replacement else {
+                .map(|j| self.positions[(start + k + j) % total])
+                .find_map(|p| Some((p.index, self.load_into(p.index, p.repeat, out).ok()?)));
+            let Some((i, e)) = replacement else {
                 return Err(DataError::NoReplacement { path });
             };
             indices[k] = i;
+            erase[k] = e;
             // A stand-in is a duplicate: metrics must not count it.
             is_padding[k] = true;
         }
@@ -384,9 +412,16 @@ impl BatchJob {
             OutputFormat::U8 => BatchImages::U8(pixels),
             OutputFormat::F32 => {
                 let mut f = vec![0f32; pixels.len()];
+                let size = self.config.transform.size() as usize;
                 f.par_chunks_mut(len)
                     .zip(pixels.par_chunks(len))
-                    .for_each(|(o, x)| normalize_chw(x, o));
+                    .zip(erase.par_iter())
+                    .for_each(|((o, x), e)| {
+                        normalize_chw(x, o);
+                        if let Some(e) = e {
+                            zero_box_chw(o, size, *e);
+                        }
+                    });
                 BatchImages::F32(f)
             }
         };
@@ -396,6 +431,7 @@ impl BatchJob {
             indices,
             is_padding,
             size: self.config.transform.size() as usize,
+            erase,
         })
     }
 }

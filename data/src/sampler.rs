@@ -14,6 +14,9 @@ pub struct SampledIndex {
     /// `true` for the wrap-around duplicates added so every rank gets the same count; validation
     /// must not count these.
     pub is_padding: bool,
+    /// Which copy of `index` this is in the epoch (0 unless the repeated-augmentation sampler
+    /// hands the index out several times); it keys the augmentation RNG.
+    pub repeat: u32,
 }
 
 /// torch's `torch.utils.data.DistributedSampler`, same semantics:
@@ -36,6 +39,7 @@ pub struct DistributedSampler {
     seed: u64,
     drop_last: bool,
     epoch: u64,
+    repetitions: Option<usize>,
 }
 
 impl DistributedSampler {
@@ -66,7 +70,35 @@ impl DistributedSampler {
             seed: 0,
             drop_last: false,
             epoch: 0,
+            repetitions: None,
         })
+    }
+
+    /// Turns this into torchvision's `RASampler` (repeated augmentation, DeiT's): each index of
+    /// the permutation is repeated `repetitions` times, the list padded from its start to a
+    /// multiple of the world size and rank-strided, and each rank's epoch cut to
+    /// `floor(len // 256 · 256 / world_size)` samples. `drop_last` does not apply.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidConfig`] if `repetitions == 0` or the cut leaves no sample (fewer
+    /// than 256 images).
+    pub fn with_repeated_augmentation(mut self, repetitions: usize) -> Result<Self, DataError> {
+        if repetitions == 0 {
+            return Err(DataError::InvalidConfig {
+                field: "ra_reps",
+                got: "0".into(),
+                expected: "at least 1",
+            });
+        }
+        self.repetitions = Some(repetitions);
+        if self.num_samples() == 0 {
+            return Err(DataError::InvalidConfig {
+                field: "ra_sampler dataset length",
+                got: format!("{} images over {} ranks", self.len, self.world_size),
+                expected: "at least 256 images per rank group: RASampler keeps floor(len // 256 * 256 / world) samples per rank",
+            });
+        }
+        Ok(self)
     }
 
     /// Sets whether to shuffle (default `true`).
@@ -117,9 +149,18 @@ impl DistributedSampler {
         self.len
     }
 
-    /// Samples per rank per epoch (torch's `num_samples`).
+    /// The repetitions of the repeated-augmentation sampler, if on.
+    pub fn repetitions(&self) -> Option<usize> {
+        self.repetitions
+    }
+
+    /// Samples per rank per epoch (torch's `num_samples`; `RASampler`'s
+    /// `num_selected_samples`).
     pub fn num_samples(&self) -> usize {
         let (n, w) = (self.len, self.world_size);
+        if self.repetitions.is_some() {
+            return n / 256 * 256 / w;
+        }
         if self.drop_last && !n.is_multiple_of(w) {
             // torch: math.ceil((len - num_replicas) / num_replicas); 0 when len < num_replicas.
             n.saturating_sub(w).div_ceil(w)
@@ -128,17 +169,30 @@ impl DistributedSampler {
         }
     }
 
-    /// `num_samples · world_size`.
+    /// `num_samples · world_size` (for `RASampler`, its padded length
+    /// `ceil(len · repetitions / world) · world`).
     pub fn total_size(&self) -> usize {
-        self.num_samples() * self.world_size
+        match self.repetitions {
+            Some(r) => (self.len * r).div_ceil(self.world_size) * self.world_size,
+            None => self.num_samples() * self.world_size,
+        }
     }
 
-    /// The global (all ranks) padded or truncated index list of the current epoch.
-    pub fn global_indices(&self) -> Vec<SampledIndex> {
+    /// The permutation of the current epoch (identity without shuffle).
+    pub fn permutation(&self) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.len).collect();
         if self.shuffle {
             let mut rng = ChaCha8Rng::seed_from_u64(self.seed.wrapping_add(self.epoch));
             order.shuffle(&mut rng);
+        }
+        order
+    }
+
+    /// The global (all ranks) padded or truncated index list of the current epoch.
+    pub fn global_indices(&self) -> Vec<SampledIndex> {
+        let order = self.permutation();
+        if let Some(r) = self.repetitions {
+            return repeated_global(&order, r, self.world_size);
         }
         let total = self.total_size();
         let mut out: Vec<SampledIndex> = order
@@ -147,6 +201,7 @@ impl DistributedSampler {
             .map(|&index| SampledIndex {
                 index,
                 is_padding: false,
+                repeat: 0,
             })
             .collect();
         if !order.is_empty() {
@@ -155,6 +210,9 @@ impl DistributedSampler {
                 out.push(SampledIndex {
                     index: order[k % order.len()],
                     is_padding: true,
+                    // Same augmentation as the original: padding is for counting, and runs
+                    // before repeat keys existed stay bit-identical.
+                    repeat: 0,
                 });
                 k += 1;
             }
@@ -168,8 +226,54 @@ impl DistributedSampler {
             .into_iter()
             .skip(self.rank)
             .step_by(self.world_size)
+            .take(self.num_samples())
             .collect()
     }
+}
+
+/// `RASampler`'s global list from a permutation: each element `repetitions` times in a row,
+/// then the list's head appended up to `ceil(len · repetitions / world) · world`. Each entry's
+/// `repeat` counts the earlier copies of its index, so every copy gets its own augmentation.
+fn repeated_global(order: &[usize], repetitions: usize, world_size: usize) -> Vec<SampledIndex> {
+    let total = (order.len() * repetitions).div_ceil(world_size) * world_size;
+    let mut out: Vec<SampledIndex> = order
+        .iter()
+        .flat_map(|&index| {
+            (0..repetitions).map(move |r| SampledIndex {
+                index,
+                is_padding: false,
+                repeat: r as u32,
+            })
+        })
+        .collect();
+    let base = out.len();
+    for k in 0..total.saturating_sub(base) {
+        let head = out[k % base.max(1)];
+        out.push(SampledIndex {
+            repeat: head.repeat + (repetitions * (1 + k / base.max(1))) as u32,
+            ..head
+        });
+    }
+    out
+}
+
+/// `RASampler`'s indices for `rank` from a given permutation (torchvision's
+/// `references/classification/sampler.py`, with the permutation supplied instead of drawn):
+/// for checking the mapping against torchvision's code.
+pub fn repeated_augmentation_indices(
+    permutation: &[usize],
+    repetitions: usize,
+    world_size: usize,
+    rank: usize,
+) -> Vec<usize> {
+    let selected = permutation.len() / 256 * 256 / world_size;
+    repeated_global(permutation, repetitions, world_size)
+        .into_iter()
+        .skip(rank)
+        .step_by(world_size)
+        .take(selected)
+        .map(|s| s.index)
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,11 +1,16 @@
-//! torchvision-compatible transforms: `RandomResizedCrop`, `RandomHorizontalFlip`, `Resize` +
-//! `CenterCrop`, normalisation, HWC → CHW.
+//! torchvision-compatible transforms: `RandomResizedCrop`, `RandomHorizontalFlip`, the
+//! automatic augmentations, `RandomErasing`'s box, `Resize` + `CenterCrop`, normalisation,
+//! HWC → CHW; bilinear, bicubic or nearest as PIL resamples.
 
 use std::cell::RefCell;
 
 use fast_image_resize as fr;
 use image::RgbImage;
 use rand::{Rng, RngExt};
+
+use crate::augment::{AutoAugment, affine_nearest_to};
+use crate::erase::RandomErasing;
+use crate::pil_resample::{self, Filter};
 
 /// ImageNet per-channel mean (RGB), as in torchvision's references.
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
@@ -134,20 +139,68 @@ pub enum Resampler {
     Image,
 }
 
+/// How resizes sample (torchvision's `interpolation`, on PIL images): `Bilinear` and `Bicubic`
+/// are PIL's antialiased filters (bicubic with `a = -0.5`), `Nearest` is PIL's nearest.
+/// Bilinear runs on [`Resampler`]'s choice; bicubic and nearest on ports of Pillow's own code
+/// (both resamplers drift from Pillow's bicubic by up to 10 levels at sharp edges, where
+/// Pillow's 8-bit intermediate rounding between its two passes clips the overshoot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Interpolation {
+    /// PIL `BILINEAR` (torchvision's default).
+    #[default]
+    Bilinear,
+    /// PIL `BICUBIC`.
+    Bicubic,
+    /// PIL `NEAREST`.
+    Nearest,
+}
+
+impl Interpolation {
+    fn fir_filter(self) -> fr::FilterType {
+        match self {
+            Interpolation::Bicubic => fr::FilterType::CatmullRom,
+            _ => fr::FilterType::Bilinear,
+        }
+    }
+
+    fn image_filter(self) -> image::imageops::FilterType {
+        match self {
+            Interpolation::Bicubic => image::imageops::FilterType::CatmullRom,
+            _ => image::imageops::FilterType::Triangle,
+        }
+    }
+}
+
+/// PIL's `resize(.., NEAREST)` of the `crop` of `src` to `out_w × out_h` (the source pixel of
+/// output `x` is `floor((x + ½) · crop_w / out_w)`, accumulated in `f64` as Pillow does).
+fn nearest_resized_crop(src: &RgbImage, crop: CropBox, out_w: u32, out_h: u32) -> Vec<u8> {
+    let a = [
+        f64::from(crop.width) / f64::from(out_w),
+        0.0,
+        0.0,
+        0.0,
+        f64::from(crop.height) / f64::from(out_h),
+        0.0,
+    ];
+    let sub =
+        image::imageops::crop_imm(src, crop.left, crop.top, crop.width, crop.height).to_image();
+    affine_nearest_to(&sub, a, out_w, out_h).into_raw()
+}
+
 thread_local! {
     static RESIZER: RefCell<fr::Resizer> = RefCell::new(fr::Resizer::new());
 }
 
-/// Crops `crop` out of `src` and resizes it to `out_w × out_h` (bilinear with antialiasing, as
-/// PIL's `resize(.., BILINEAR)` used by torchvision on PIL images). Returns packed HWC RGB.
+/// Crops `crop` out of `src` and resizes it to `out_w × out_h` with `interpolation`, as PIL's
+/// `crop` + `resize` used by torchvision on PIL images. Returns packed HWC RGB.
 ///
 /// # Panics
 /// If `crop` does not lie inside `src` or an output side is zero.
 pub fn resized_crop(
     src: &RgbImage,
     crop: CropBox,
-    out_w: u32,
-    out_h: u32,
+    (out_w, out_h): (u32, u32),
+    interpolation: Interpolation,
     resampler: Resampler,
 ) -> Vec<u8> {
     assert!(
@@ -156,6 +209,19 @@ pub fn resized_crop(
         src.width(),
         src.height()
     );
+    match interpolation {
+        Interpolation::Nearest => return nearest_resized_crop(src, crop, out_w, out_h),
+        Interpolation::Bicubic => {
+            let window = CropBox {
+                top: 0,
+                left: 0,
+                height: out_h,
+                width: out_w,
+            };
+            return pil_resample::resize_window(src, crop, (out_w, out_h), window, Filter::Bicubic);
+        }
+        Interpolation::Bilinear => {}
+    }
     match resampler {
         Resampler::FastImageResize => {
             let fir_src = fr::images::ImageRef::new(
@@ -175,7 +241,7 @@ pub fn resized_crop(
             .expect("crop checked above");
             let mut dst = fr::images::Image::new(out_w, out_h, fr::PixelType::U8x3);
             let options = fr::ResizeOptions::new()
-                .resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear));
+                .resize_alg(fr::ResizeAlg::Convolution(interpolation.fir_filter()));
             RESIZER.with(|r| {
                 r.borrow_mut()
                     .resize(&view, &mut dst, &options)
@@ -189,8 +255,7 @@ pub fn resized_crop(
             if sub.width() == out_w && sub.height() == out_h {
                 return sub.into_raw();
             }
-            image::imageops::resize(&sub, out_w, out_h, image::imageops::FilterType::Triangle)
-                .into_raw()
+            image::imageops::resize(&sub, out_w, out_h, interpolation.image_filter()).into_raw()
         }
     }
 }
@@ -239,9 +304,11 @@ pub fn normalize_chw(chw: &[u8], out: &mut [f32]) {
 /// A per-sample transform pipeline producing a square `size × size` CHW image.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Transform {
-    /// `RandomResizedCrop(size, scale, ratio)` then `RandomHorizontalFlip(flip_prob)`.
+    /// `RandomResizedCrop(size, scale, ratio, interpolation)`, `RandomHorizontalFlip(flip_prob)`,
+    /// then the automatic augmentation if any; `RandomErasing` (drawn last) is returned as a box
+    /// to zero after normalisation.
     Train {
-        /// Output side in pixels.
+        /// Output side in pixels (`--train-crop-size`).
         size: u32,
         /// Area fraction range (torchvision default `(0.08, 1.0)`).
         scale: (f64, f64),
@@ -249,34 +316,79 @@ pub enum Transform {
         ratio: (f64, f64),
         /// Probability of a horizontal flip (0.5).
         flip_prob: f64,
+        /// Resize filter of the crop.
+        interpolation: Interpolation,
+        /// `TrivialAugmentWide`, `RandAugment` or `AutoAugment`, after the flip.
+        auto_augment: Option<AutoAugment>,
+        /// `RandomErasing(p)`; `None` draws nothing (torchvision leaves it out at `p = 0`).
+        random_erase: Option<RandomErasing>,
     },
     /// `Resize(resize)` of the shorter side then `CenterCrop(size)`.
     Val {
-        /// Shorter side after resizing (256 for 224).
+        /// Shorter side after resizing (`--val-resize-size`, 256 for 224).
         resize: u32,
-        /// Output side in pixels.
+        /// Output side in pixels (`--val-crop-size`).
         size: u32,
+        /// Resize filter.
+        interpolation: Interpolation,
     },
 }
 
 impl Transform {
-    /// The ImageNet training transform at `size` (224 in the references).
+    /// The ImageNet training transform at `size` (224 in the references): bilinear, no
+    /// automatic augmentation, no erasing.
     pub fn train(size: u32) -> Self {
         Self::Train {
             size,
             scale: (0.08, 1.0),
             ratio: (3.0 / 4.0, 4.0 / 3.0),
             flip_prob: 0.5,
+            interpolation: Interpolation::Bilinear,
+            auto_augment: None,
+            random_erase: None,
         }
     }
 
     /// The ImageNet validation transform at `size`: resize the shorter side to
-    /// `round(size · 256 / 224)` (256 for 224) then center-crop `size`.
+    /// `round(size · 256 / 224)` (256 for 224) then center-crop `size`, bilinear.
     pub fn val(size: u32) -> Self {
+        Self::val_sizes((f64::from(size) * 256.0 / 224.0).round() as u32, size)
+    }
+
+    /// The validation transform with torchvision's separate sizes: `Resize(resize)` then
+    /// `CenterCrop(crop)` (e.g. 232 and 224 for the V2 weights), bilinear.
+    pub fn val_sizes(resize: u32, crop: u32) -> Self {
         Self::Val {
-            resize: (f64::from(size) * 256.0 / 224.0).round() as u32,
-            size,
+            resize,
+            size: crop,
+            interpolation: Interpolation::Bilinear,
         }
+    }
+
+    /// Sets the resize filter.
+    pub fn with_interpolation(mut self, filter: Interpolation) -> Self {
+        match &mut self {
+            Self::Train { interpolation, .. } | Self::Val { interpolation, .. } => {
+                *interpolation = filter
+            }
+        }
+        self
+    }
+
+    /// Sets the automatic augmentation (training only; the validation transform ignores it).
+    pub fn with_auto_augment(mut self, policy: Option<AutoAugment>) -> Self {
+        if let Self::Train { auto_augment, .. } = &mut self {
+            *auto_augment = policy;
+        }
+        self
+    }
+
+    /// Sets `RandomErasing` with probability `p` (`p = 0` removes it); training only.
+    pub fn with_random_erase(mut self, p: f64) -> Self {
+        if let Self::Train { random_erase, .. } = &mut self {
+            *random_erase = (p > 0.0).then(|| RandomErasing::new(p));
+        }
+        self
     }
 
     /// Output side in pixels.
@@ -287,7 +399,9 @@ impl Transform {
     }
 
     /// Applies the transform, writing `3 × size × size` CHW bytes into `out`. The random draws
-    /// (crop, then flip) come from `rng`; the validation transform draws nothing.
+    /// (crop, flip, automatic augmentation, erasing) come from `rng` in that order; the
+    /// validation transform draws nothing. Returns the box `RandomErasing` drew, which the
+    /// caller zeroes after normalisation (see [`Batch::erase`](crate::Batch::erase)).
     ///
     /// # Panics
     /// If `out` has the wrong length or the image has a zero side.
@@ -297,42 +411,75 @@ impl Transform {
         rng: &mut R,
         resampler: Resampler,
         out: &mut [u8],
-    ) {
+    ) -> Option<CropBox> {
         match *self {
             Self::Train {
                 size,
                 scale,
                 ratio,
                 flip_prob,
+                interpolation,
+                auto_augment,
+                random_erase,
             } => {
                 let crop = random_resized_crop_params(rng, img.width(), img.height(), scale, ratio);
                 let flip = rng.random::<f64>() < flip_prob;
-                let hwc = resized_crop(img, crop, size, size, resampler);
-                hwc_to_chw(&hwc, size as usize, size as usize, flip, out);
+                let hwc = resized_crop(img, crop, (size, size), interpolation, resampler);
+                let s = size as usize;
+                match auto_augment {
+                    Some(policy) => {
+                        let mut crop_img = RgbImage::from_raw(size, size, hwc)
+                            .expect("resized_crop returns size x size RGB");
+                        if flip {
+                            image::imageops::flip_horizontal_in_place(&mut crop_img);
+                        }
+                        let augmented = policy.apply(crop_img, rng);
+                        hwc_to_chw(augmented.as_raw(), s, s, false, out);
+                    }
+                    None => hwc_to_chw(&hwc, s, s, flip, out),
+                }
+                random_erase.and_then(|e| e.draw(rng, size, size))
             }
-            Self::Val { resize, size } => {
+            Self::Val {
+                resize,
+                size,
+                interpolation,
+            } => {
                 let (w, h) = resize_shorter_side(img.width(), img.height(), resize);
                 let s = size as usize;
-                match (center_crop_box(w, h, size, size), resampler) {
-                    (Some(c), Resampler::FastImageResize) => {
-                        // Resize only the output window: the same kernels as resizing the whole
-                        // image to w x h then cropping (fast_image_resize's crop box keeps
-                        // the pixels outside the box in the filter support).
-                        let hwc = fir_resize_window(img, (w, h), c);
-                        hwc_to_chw(&hwc, s, s, false, out);
-                    }
-                    (crop, _) => {
+                let crop = center_crop_box(w, h, size, size);
+                match (crop, resampler, interpolation) {
+                    (Some(c), _, Interpolation::Bicubic) => {
                         let full = CropBox {
                             top: 0,
                             left: 0,
                             height: img.height(),
                             width: img.width(),
                         };
-                        let resized = resized_crop(img, full, w, h, resampler);
+                        let hwc =
+                            pil_resample::resize_window(img, full, (w, h), c, Filter::Bicubic);
+                        hwc_to_chw(&hwc, s, s, false, out);
+                    }
+                    (Some(c), Resampler::FastImageResize, Interpolation::Bilinear) => {
+                        // Resize only the output window: the same kernels as resizing the whole
+                        // image to w x h then cropping (fast_image_resize's crop box keeps
+                        // the pixels outside the box in the filter support).
+                        let hwc = fir_resize_window(img, (w, h), c, interpolation);
+                        hwc_to_chw(&hwc, s, s, false, out);
+                    }
+                    (crop, _, _) => {
+                        let full = CropBox {
+                            top: 0,
+                            left: 0,
+                            height: img.height(),
+                            width: img.width(),
+                        };
+                        let resized = resized_crop(img, full, (w, h), interpolation, resampler);
                         let hwc = center_crop_or_pad(&resized, (w as usize, h as usize), s, crop);
                         hwc_to_chw(&hwc, s, s, false, out);
                     }
                 }
+                None
             }
         }
     }
@@ -340,7 +487,12 @@ impl Transform {
 
 /// The `window` of `src` resized (as a whole) to `resized = (w, h)`, computed without resizing
 /// the rest. Returns packed HWC RGB of `window.width × window.height`.
-fn fir_resize_window(src: &RgbImage, resized: (u32, u32), window: CropBox) -> Vec<u8> {
+fn fir_resize_window(
+    src: &RgbImage,
+    resized: (u32, u32),
+    window: CropBox,
+    interpolation: Interpolation,
+) -> Vec<u8> {
     let fir_src =
         fr::images::ImageRef::new(src.width(), src.height(), src.as_raw(), fr::PixelType::U8x3)
             .expect("an RgbImage buffer always matches its size");
@@ -348,7 +500,7 @@ fn fir_resize_window(src: &RgbImage, resized: (u32, u32), window: CropBox) -> Ve
     let sy = f64::from(src.height()) / f64::from(resized.1);
     let mut dst = fr::images::Image::new(window.width, window.height, fr::PixelType::U8x3);
     let options = fr::ResizeOptions::new()
-        .resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear))
+        .resize_alg(fr::ResizeAlg::Convolution(interpolation.fir_filter()))
         .crop(
             f64::from(window.left) * sx,
             f64::from(window.top) * sy,

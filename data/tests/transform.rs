@@ -2,11 +2,11 @@
 
 mod common;
 
-use data::Transform;
 use data::transform::{
     CropBox, Resampler, center_crop_box, random_resized_crop_params, resize_shorter_side,
     resized_crop,
 };
+use data::{Interpolation, Transform};
 use image::RgbImage;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -71,14 +71,16 @@ fn val_transform_is_resize_then_hand_computed_center_crop() {
         t,
         Transform::Val {
             resize: 18,
-            size: 16
+            size: 16,
+            interpolation: Interpolation::Bilinear,
         }
     );
     assert_eq!(
         Transform::val(224),
         Transform::Val {
             resize: 256,
-            size: 224
+            size: 224,
+            interpolation: Interpolation::Bilinear,
         }
     );
     assert_eq!(resize_shorter_side(50, 40, 18), (22, 18));
@@ -92,7 +94,13 @@ fn val_transform_is_resize_then_hand_computed_center_crop() {
         height: 40,
         width: 50,
     };
-    let resized = resized_crop(&img, full, 22, 18, Resampler::FastImageResize);
+    let resized = resized_crop(
+        &img,
+        full,
+        (22, 18),
+        Interpolation::Bilinear,
+        Resampler::FastImageResize,
+    );
     let mut out = vec![0u8; 3 * 16 * 16];
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     t.apply_into(&img, &mut rng, Resampler::FastImageResize, &mut out);
@@ -116,8 +124,20 @@ fn both_resamplers_agree() {
         width: 100,
     };
     for (ow, oh) in [(32, 32), (150, 140), (100, 70)] {
-        let a = resized_crop(&img, crop, ow, oh, Resampler::FastImageResize);
-        let b = resized_crop(&img, crop, ow, oh, Resampler::Image);
+        let a = resized_crop(
+            &img,
+            crop,
+            (ow, oh),
+            Interpolation::Bilinear,
+            Resampler::FastImageResize,
+        );
+        let b = resized_crop(
+            &img,
+            crop,
+            (ow, oh),
+            Interpolation::Bilinear,
+            Resampler::Image,
+        );
         assert_eq!(a.len(), b.len());
         let max = a
             .iter()
@@ -155,6 +175,9 @@ fn train_transform_flips_about_half_the_time() {
         scale: (1.0, 1.0),
         ratio: (4.0 / 3.0, 4.0 / 3.0),
         flip_prob: 0.5,
+        interpolation: Interpolation::Bilinear,
+        auto_augment: None,
+        random_erase: None,
     };
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     let mut flips = 0;
@@ -176,6 +199,7 @@ fn val_center_crop_pads_when_the_image_is_smaller() {
     let t = Transform::Val {
         resize: 10,
         size: 16,
+        interpolation: Interpolation::Bilinear,
     };
     let mut out = vec![7u8; 3 * 16 * 16];
     let mut rng = ChaCha8Rng::seed_from_u64(0);
@@ -186,7 +210,13 @@ fn val_center_crop_pads_when_the_image_is_smaller() {
         height: 40,
         width: 50,
     };
-    let resized = resized_crop(&img, full, 12, 10, Resampler::FastImageResize);
+    let resized = resized_crop(
+        &img,
+        full,
+        (12, 10),
+        Interpolation::Bilinear,
+        Resampler::FastImageResize,
+    );
     for y in 0..16usize {
         for x in 0..16usize {
             let inside = (3..13).contains(&y) && (2..14).contains(&x);

@@ -181,6 +181,43 @@ pub struct TrainArgs {
     #[arg(long)]
     #[serde(skip)]
     pub check_env: bool,
+    // torchvision's recipe: per-image augmentation and sizes (references/classification/train.py).
+    /// Training crop side (default: --image-size).
+    #[arg(long)]
+    #[serde(default)]
+    pub train_crop_size: Option<usize>,
+    /// Validation resize of the shorter side (default: round(--image-size × 256 / 224)).
+    #[arg(long)]
+    #[serde(default)]
+    pub val_resize_size: Option<usize>,
+    /// Validation center-crop side (default: --image-size).
+    #[arg(long)]
+    #[serde(default)]
+    pub val_crop_size: Option<usize>,
+    /// Resize filter of the training crop and the validation resize (PIL's).
+    #[arg(long, value_enum, default_value_t = Interp::Bilinear)]
+    #[serde(default)]
+    pub interpolation: Interp,
+    /// Automatic augmentation after the crop and flip: ta_wide, ra or imagenet (AutoAugment).
+    #[arg(long, value_enum)]
+    #[serde(default)]
+    pub auto_augment: Option<AutoAugmentPolicy>,
+    /// RandAugment's magnitude bin, 0..=30.
+    #[arg(long, default_value_t = 9)]
+    #[serde(default = "default_ra_magnitude")]
+    pub ra_magnitude: usize,
+    /// RandomErasing probability after normalisation (the recipe uses 0.1).
+    #[arg(long, default_value_t = 0.0)]
+    #[serde(default)]
+    pub random_erase: f64,
+    /// Repeated-augmentation sampler (torchvision's RASampler) for training.
+    #[arg(long)]
+    #[serde(default)]
+    pub ra_sampler: bool,
+    /// Repetitions of each image per epoch with --ra-sampler.
+    #[arg(long, default_value_t = 3)]
+    #[serde(default = "default_ra_reps")]
+    pub ra_reps: usize,
 }
 
 /// `--amp`: the precision of the convs.
@@ -192,6 +229,44 @@ pub enum Amp {
     None,
     /// Convs in bf16 through cuDNN, f32 accumulation and master weights.
     Bf16,
+}
+
+fn default_ra_magnitude() -> usize {
+    9
+}
+
+fn default_ra_reps() -> usize {
+    3
+}
+
+/// `--interpolation` (PIL's filters, as torchvision's PIL path).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Interp {
+    /// Antialiased bilinear (torchvision's default).
+    #[default]
+    Bilinear,
+    /// Antialiased bicubic.
+    Bicubic,
+    /// Nearest neighbour.
+    Nearest,
+}
+
+/// `--auto-augment` (torchvision's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum AutoAugmentPolicy {
+    /// TrivialAugmentWide.
+    #[value(name = "ta_wide")]
+    #[serde(rename = "ta_wide")]
+    TaWide,
+    /// RandAugment (2 ops at --ra-magnitude).
+    #[value(name = "ra")]
+    #[serde(rename = "ra")]
+    Ra,
+    /// AutoAugment with the ImageNet policy.
+    #[value(name = "imagenet")]
+    #[serde(rename = "imagenet")]
+    Imagenet,
 }
 
 /// Whose kernels an op runs (`--conv`, `--batch-norm`).
@@ -255,6 +330,32 @@ impl TrainArgs {
                 "image-size",
                 "must be at least 32 pixels (a ResNet downsamples 32×)",
             );
+        }
+        for (flag, size) in [
+            ("train-crop-size", self.train_crop_size),
+            ("val-crop-size", self.val_crop_size),
+        ] {
+            if size.is_some_and(|s| s < 32) {
+                return bad(
+                    flag,
+                    "must be at least 32 pixels (a ResNet downsamples 32×)",
+                );
+            }
+        }
+        if self.val_resize_size == Some(0) {
+            return bad("val-resize-size", "must be at least 1");
+        }
+        if !(0.0..=1.0).contains(&self.random_erase) {
+            return bad("random-erase", "must be a probability in [0, 1], e.g. 0.1");
+        }
+        if self.ra_magnitude > 30 {
+            return bad(
+                "ra-magnitude",
+                "must be a magnitude bin in 0..=30 (31 bins)",
+            );
+        }
+        if self.ra_reps == 0 {
+            return bad("ra-reps", "must be at least 1");
         }
         if !(self.base_lr.is_finite() && self.base_lr > 0.0) {
             return bad("base-lr", "must be a positive number");
@@ -420,12 +521,58 @@ mod tests {
             "lr_schedule",
             "use_adasum",
             "resume_anyway",
+            "train_crop_size",
+            "val_resize_size",
+            "val_crop_size",
+            "interpolation",
+            "auto_augment",
+            "ra_magnitude",
+            "random_erase",
+            "ra_sampler",
+            "ra_reps",
         ] {
             object.remove(new).expect(new);
         }
         let args: TrainArgs = serde_json::from_value(saved).expect("reads");
+        assert_eq!((args.ra_magnitude, args.ra_reps), (9, 3));
         assert_eq!(args.lr_schedule, LrDecay::Step);
         assert!(args.weights.is_none() && !args.test_only);
+    }
+
+    #[test]
+    fn recipe_flags_take_torchvisions_names() {
+        let a = parse(&[
+            "--auto-augment",
+            "ta_wide",
+            "--random-erase",
+            "0.1",
+            "--train-crop-size",
+            "176",
+            "--val-resize-size",
+            "232",
+            "--interpolation",
+            "bicubic",
+            "--ra-sampler",
+            "--ra-reps",
+            "4",
+        ]);
+        assert_eq!(a.auto_augment, Some(AutoAugmentPolicy::TaWide));
+        assert_eq!(
+            (a.train_crop_size, a.val_resize_size),
+            (Some(176), Some(232))
+        );
+        assert_eq!(
+            (a.interpolation, a.ra_sampler, a.ra_reps),
+            (Interp::Bicubic, true, 4)
+        );
+        a.validate().expect("valid");
+        for (args, flag) in [
+            (&["--random-erase", "1.5"][..], "random-erase"),
+            (&["--ra-magnitude", "31"][..], "ra-magnitude"),
+            (&["--train-crop-size", "16"][..], "train-crop-size"),
+        ] {
+            assert_eq!(parse(args).validate().expect_err("invalid").flag, flag);
+        }
     }
 
     #[test]

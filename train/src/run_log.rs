@@ -233,7 +233,7 @@ pub fn print_config_table(
             "val images",
             format!("{} ({})", val.folder().len(), val.folder().root().display()),
         ),
-        ("image size", format!("{} px", a.image_size)),
+        ("image size", crate::datasets::describe_sizes(a)),
         (
             "batch",
             format!(

@@ -1,4 +1,5 @@
-//! Input-pipeline benchmark: img/s for decode only, decode + train transforms, decode + val
+//! Input-pipeline benchmark: img/s for decode only, decode + train transforms (also with
+//! torchvision's recipe: `TrivialAugmentWide`, then `RandomErasing(0.1)`), decode + val
 //! transforms, and the per-image time of each stage.
 //!
 //! ```text
@@ -20,8 +21,8 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use data::transform::Resampler;
 use data::{
-    DistributedSampler, ImageFolder, Loader, LoaderConfig, OutputFormat, Transform, decode_bytes,
-    sample_rng,
+    AutoAugment, DistributedSampler, ImageFolder, Loader, LoaderConfig, OutputFormat, Transform,
+    decode_bytes, sample_rng,
 };
 
 #[derive(Parser, Debug)]
@@ -45,9 +46,12 @@ struct Args {
     /// Timed passes per measurement; the best is reported.
     #[arg(long, default_value_t = 2)]
     repeat: usize,
-    /// Pipelines to time (comma-separated subset of
-    /// decode,train,train_image_resize,train_f32,val).
-    #[arg(long, default_value = "decode,train,train_image_resize,train_f32,val")]
+    /// Pipelines to time (comma-separated subset of decode,train,train_image_resize,
+    /// train_f32,train_ta_wide,train_ta_wide_erase,val).
+    #[arg(
+        long,
+        default_value = "decode,train,train_image_resize,train_f32,train_ta_wide,train_ta_wide_erase,val"
+    )]
     pipelines: String,
     /// Skip the per-stage timing pass.
     #[arg(long)]
@@ -187,7 +191,22 @@ fn run(args: Args) -> Result<()> {
         Ok(count)
     };
     let mut rows: Vec<(&str, (f64, f64))> = Vec::new();
-    for name in ["decode", "train", "train_image_resize", "train_f32", "val"] {
+    let recipe = |erase: f64| {
+        let mut cfg = LoaderConfig::train(args.size, bs);
+        cfg.transform = Transform::train(args.size)
+            .with_auto_augment(Some(AutoAugment::TrivialAugmentWide))
+            .with_random_erase(erase);
+        cfg
+    };
+    for name in [
+        "decode",
+        "train",
+        "train_image_resize",
+        "train_f32",
+        "train_ta_wide",
+        "train_ta_wide_erase",
+        "val",
+    ] {
         if !wanted.contains(&name) {
             continue;
         }
@@ -212,6 +231,8 @@ fn run(args: Args) -> Result<()> {
             "train_f32" => best(&|| {
                 loader_run(LoaderConfig::train(args.size, bs).with_output(OutputFormat::F32))
             })?,
+            "train_ta_wide" => best(&|| loader_run(recipe(0.0)))?,
+            "train_ta_wide_erase" => best(&|| loader_run(recipe(0.1)))?,
             _ => best(&|| loader_run(LoaderConfig::val(args.size, bs)))?,
         };
         rows.push((name, ips));
