@@ -138,8 +138,12 @@ fn resnet18_train_step_with_our_ops_matches_burns() {
     // where an activation sits within rounding of a ReLU or max-pool kink: there the two paths
     // can route one element's gradient differently, a discrete ~1e-2 change upstream of it
     // (seeds 11 and 12 hit one in layer2, at the same place with 1 and 3 threads, so it is a
-    // kink and not a race). Seed 13 has none, so the comparison measures the ops themselves.
-    Ad::seed(&device, 13);
+    // kink and not a race). Where the kinks fall also depends on the CPU: Flex rounds Burn's conv
+    // differently with AVX-512 than with AVX2, so seed 13, kink-free on an AVX2 machine, hits one
+    // on an AVX-512 one (as do 14, 16, 19, 20, 21 there). Seed 17 has none on the AVX-512 Xeon
+    // (15 and 18 neither; not yet re-checked on AVX2), so the
+    // comparison measures the ops themselves.
+    Ad::seed(&device, 17);
     let model: ResNet<Ad> = ResNetConfig::resnet18(10).init(&device);
     let images = Tensor::<Ad, 4>::random([8, 3, 64, 64], Distribution::Normal(0.0, 1.0), &device);
     let labels = Tensor::<Ad, 1, Int>::from_ints([1, 7, 3, 9, 0, 2, 5, 7], &device);
