@@ -22,8 +22,8 @@ use burn::tensor::activation::relu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_dist::{
-    CommBackend, DistOptions, DistributedConfig, DistributedOptimizer, Rendezvous, World,
-    broadcast_parameters,
+    CommBackend, Compression, DistOptions, DistributedConfig, DistributedOptimizer, Rendezvous,
+    SyncConfig, World, broadcast_parameters,
 };
 use burn_flex::Flex;
 use models::nn::{Conv2d, Conv2dConfig};
@@ -136,6 +136,7 @@ fn train<M>(
     dist: &burn_dist::Dist,
     samples: std::ops::Range<usize>,
     passes: usize,
+    sync: &SyncConfig,
 ) -> Vec<f32>
 where
     M: AutodiffModule<B> + ImageClassifier<B>,
@@ -155,7 +156,7 @@ where
         Arc::clone(&dist.comm),
         DistributedConfig {
             backward_passes_per_step: passes,
-            ..DistributedConfig::default()
+            sync: sync.clone(),
         },
     );
     let per_pass = samples.len() / passes;
@@ -202,6 +203,24 @@ fn world2_and_world1<M>(make: impl Fn() -> M, world1_passes: usize) -> [Vec<f32>
 where
     M: AutodiffModule<B> + ImageClassifier<B> + Send,
 {
+    let [r0, r1] = world2(&make, &SyncConfig::default());
+    let dist = burn_dist::init(&World::single(), &options()).expect("world of 1");
+    let r = train(
+        make(),
+        &dist,
+        0..2 * PER_RANK,
+        world1_passes,
+        &SyncConfig::default(),
+    );
+    [r0, r1, r]
+}
+
+/// World 2 (one thread per rank, real ring), gradients synchronised with `sync`; returns the
+/// parameters of rank 0 and rank 1.
+fn world2<M>(make: &impl Fn() -> M, sync: &SyncConfig) -> [Vec<f32>; 2]
+where
+    M: AutodiffModule<B> + ImageClassifier<B> + Send,
+{
     models::set_conv_impl(OpImpl::Fast);
     models::set_batch_norm_impl(OpImpl::Fast);
     let port = common::free_port();
@@ -213,16 +232,20 @@ where
             s.spawn(move || {
                 let dist = burn_dist::init(&world(rank, 2, port, token), &options())
                     .expect("join the world of 2");
-                train(model, &dist, rank * PER_RANK..(rank + 1) * PER_RANK, 1)
+                train(
+                    model,
+                    &dist,
+                    rank * PER_RANK..(rank + 1) * PER_RANK,
+                    1,
+                    sync,
+                )
             })
         });
         let ranks: Vec<_> = ranks.collect();
         let mut out = ranks.into_iter().map(|h| h.join().expect("rank thread"));
         [out.next().expect("rank 0"), out.next().expect("rank 1")]
     });
-    let dist = burn_dist::init(&World::single(), &options()).expect("world of 1");
-    let r = train(make(), &dist, 0..2 * PER_RANK, world1_passes);
-    [r0, r1, r]
+    [r0, r1]
 }
 
 /// The worst element's relative error `|a − b| / (|b| + 10⁻³·max|b|)`: relative, with a floor
@@ -288,4 +311,32 @@ fn world_2_resnet18_with_our_ops_equals_world_1_over_the_same_two_halves() {
         relative_gap(&start, &single) > 1e-3,
         "training moved nothing"
     );
+}
+
+/// `--fp16-allreduce` and `--gradient-predivide-factor` against the f32 all-reduce, world 2:
+/// predividing by 2 (a power of two, exact in binary) changes nothing; by 3 only the rounding of
+/// one division and one multiplication (≤ 1e-6 relative); fp16 on the wire (an 11-bit mantissa,
+/// the predivide by the world size that keeps sums in range) stays within 2e-3 (four roundings
+/// of 2^-11, 9.3e-4 measured) of the f32
+/// parameters after these steps, and does differ from them.
+#[test]
+fn fp16_allreduce_and_predivide_match_the_f32_allreduce_within_their_error() {
+    let make = seeded(SmallCnn::<B>::new);
+    let [f32_sync, _] = world2(&make, &SyncConfig::default());
+    let with = |compression, gradient_predivide_factor| SyncConfig {
+        compression,
+        gradient_predivide_factor,
+        ..SyncConfig::default()
+    };
+    let [by2, _] = world2(&make, &with(Compression::None, 2.0));
+    assert_eq!(by2, f32_sync, "predivide by 2");
+    let [by3, _] = world2(&make, &with(Compression::None, 3.0));
+    let gap3 = relative_gap(&by3, &f32_sync);
+    let [fp16, fp16_rank1] = world2(&make, &with(Compression::Fp16, 1.0));
+    assert_eq!(fp16, fp16_rank1, "ranks agree with fp16 on the wire");
+    let gap16 = relative_gap(&fp16, &f32_sync);
+    println!("predivide 3: relative gap {gap3:.2e}; fp16 all-reduce: relative gap {gap16:.2e}");
+    assert!(gap3 <= 1e-6, "predivide 3: {gap3:e}");
+    assert!(gap16 <= 2e-3, "fp16: {gap16:e}");
+    assert!(gap16 > 0.0, "fp16 left no trace: was it applied?");
 }
