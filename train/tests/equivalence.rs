@@ -261,7 +261,14 @@ fn relative_gap(a: &[f32], b: &[f32]) -> f64 {
 
 /// Model init from a fixed seed, identical in every thread (the broadcast makes it so anyway).
 fn seeded<M: Module<B>>(init: impl Fn(&burn::tensor::Device<B>) -> M) -> impl Fn() -> M {
+    // The backend's generator is global and libtest runs this file's tests on parallel threads:
+    // without the lock another test's seed or draws land between ours, and world 1 starts from
+    // other weights than world 2 (a gap of ~5e2 seen on a loaded machine).
+    static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
     move || {
+        let _only_us = INIT
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let device = Default::default();
         B::seed(&device, 7);
         let model = init(&device);
