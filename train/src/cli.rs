@@ -440,10 +440,11 @@ pub fn expand_home(path: &Path) -> PathBuf {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> TrainArgs {
+    /// The flags as `train ARGS` would parse them (for this crate's unit tests).
+    pub(crate) fn parse(args: &[&str]) -> TrainArgs {
         TrainArgs::try_parse_from(std::iter::once("train").chain(args.iter().copied()))
             .expect("parses")
     }

@@ -173,14 +173,8 @@ pub fn load_data(args: &TrainArgs, rank: usize, world_size: usize) -> Result<Dat
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
-
-    fn parse(args: &[&str]) -> TrainArgs {
-        TrainArgs::try_parse_from(std::iter::once("train").chain(args.iter().copied()))
-            .expect("parses")
-    }
+    use crate::cli::tests::parse;
 
     #[test]
     fn without_recipe_flags_the_transforms_are_the_image_size_ones() {
