@@ -320,14 +320,14 @@ fn world_2_resnet18_with_our_ops_equals_world_1_over_the_same_two_halves() {
     );
 }
 
-/// `--fp16-allreduce` and `--gradient-predivide-factor` against the f32 all-reduce, world 2:
+/// `--fp16-allreduce`, bf16 compression and `--gradient-predivide-factor` against the f32 all-reduce, world 2:
 /// predividing by 2 (a power of two, exact in binary) changes nothing; by 3 only the rounding of
 /// one division and one multiplication (≤ 1e-6 relative); fp16 on the wire (an 11-bit mantissa,
 /// the predivide by the world size that keeps sums in range) stays within 2e-3 (four roundings
-/// of 2^-11, 9.3e-4 measured) of the f32
-/// parameters after these steps, and does differ from them.
+/// of 2^-11, 9.3e-4 measured) of the f32 parameters after these steps, and does differ from them;
+/// bf16 on the wire (8 mantissa bits) within the same four roundings of 2^-8.
 #[test]
-fn fp16_allreduce_and_predivide_match_the_f32_allreduce_within_their_error() {
+fn fp16_and_bf16_allreduce_and_predivide_match_the_f32_allreduce_within_their_error() {
     let make = seeded(SmallCnn::<B>::new);
     let [f32_sync, _] = world2(&make, &SyncConfig::default());
     let with = |compression, gradient_predivide_factor| SyncConfig {
@@ -342,8 +342,20 @@ fn fp16_allreduce_and_predivide_match_the_f32_allreduce_within_their_error() {
     let [fp16, fp16_rank1] = world2(&make, &with(Compression::Fp16, 1.0));
     assert_eq!(fp16, fp16_rank1, "ranks agree with fp16 on the wire");
     let gap16 = relative_gap(&fp16, &f32_sync);
-    println!("predivide 3: relative gap {gap3:.2e}; fp16 all-reduce: relative gap {gap16:.2e}");
+    let [bf16, bf16_rank1] = world2(&make, &with(Compression::Bf16, 1.0));
+    assert_eq!(bf16, bf16_rank1, "ranks agree with bf16 on the wire");
+    let gap_bf16 = relative_gap(&bf16, &f32_sync);
+    println!(
+        "predivide 3: relative gap {gap3:.2e}; fp16 all-reduce: relative gap {gap16:.2e}; \
+         bf16 all-reduce: relative gap {gap_bf16:.2e}"
+    );
     assert!(gap3 <= 1e-6, "predivide 3: {gap3:e}");
     assert!(gap16 <= 2e-3, "fp16: {gap16:e}");
     assert!(gap16 > 0.0, "fp16 left no trace: was it applied?");
+    // bf16 keeps 8 mantissa bits against fp16's 11: the same four roundings, each 8x coarser.
+    assert!(gap_bf16 <= 1.6e-2, "bf16: {gap_bf16:e}");
+    assert!(
+        gap_bf16 > gap16,
+        "bf16 ({gap_bf16:e}) must round coarser than fp16 ({gap16:e}): was it applied?"
+    );
 }
