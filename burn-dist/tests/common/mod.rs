@@ -6,44 +6,17 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+mod ports;
+// Not every test binary that includes this module uses both.
+#[allow(unused_imports)]
+pub use ports::{free_port, job_token};
+
 pub const WORKER: &str = env!("CARGO_BIN_EXE_burn-dist-test-worker");
-
-/// A port nobody listens on right now, never handed out twice by this test process (its tests
-/// run in parallel threads). A port another process takes meanwhile fails that job loudly:
-/// every job has its own token ([`job_token`]).
-pub fn free_port() -> u16 {
-    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
-    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
-        }
-    }
-}
-
-/// A job token no other job of any test shares: two jobs that met on one port refuse each
-/// other instead of mixing.
-pub fn job_token(what: &str) -> String {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{what}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 /// Puts the child in a process group of its own and makes it die with this test process.
 pub fn isolate(cmd: &mut Command) -> &mut Command {

@@ -2,15 +2,18 @@
 #![allow(dead_code)]
 
 use std::fs::File;
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use data::synthetic::{SyntheticConfig, generate};
+
+#[path = "../../../burn-dist/tests/common/ports.rs"]
+mod ports;
+// Not every test binary that includes this module uses both.
+#[allow(unused_imports)]
+pub use ports::{free_port, job_token};
 
 /// A small learnable dataset: 4 classes of small JPEGs.
 pub fn small_dataset(
@@ -32,35 +35,6 @@ pub fn small_dataset(
     )
     .expect("synthetic dataset");
     (summary.train_dir, summary.val_dir)
-}
-
-/// A port nobody listens on right now, and never handed out twice by this test process (tests
-/// run in parallel threads; two of them must not race for one port). A port another process
-/// takes meanwhile fails that job loudly: every job has its own token ([`job_token`]).
-pub fn free_port() -> u16 {
-    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
-    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
-        }
-    }
-}
-
-/// A job token no other job of any test shares, so that two jobs that met on one port refuse
-/// each other instead of mixing.
-pub fn job_token(what: &str) -> String {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{what}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 /// `train` on the CPU with a tiny ResNet-18 at 32 px, batch 8, no warmup, logs and checkpoints
