@@ -111,6 +111,15 @@ impl ImageFolder {
         })
     }
 
+    /// A folder from its parts (read back from an index, see [`ImageFolder::with_index`]).
+    pub(crate) fn from_parts(root: PathBuf, classes: Vec<String>, samples: Vec<Sample>) -> Self {
+        Self {
+            root,
+            classes,
+            samples,
+        }
+    }
+
     /// The folder that was scanned.
     pub fn root(&self) -> &Path {
         &self.root

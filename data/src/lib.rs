@@ -37,6 +37,7 @@ mod decode;
 pub mod erase;
 mod error;
 mod folder;
+mod folder_index;
 mod loader;
 mod pil_resample;
 mod sampler;
@@ -49,6 +50,7 @@ pub use decode::{decode_bytes, decode_file, jpeg_end_of_image};
 pub use erase::RandomErasing;
 pub use error::DataError;
 pub use folder::{IMAGE_EXTENSIONS, ImageFolder, Sample, has_image_extension};
+pub use folder_index::IndexSource;
 pub use loader::{
     BadImagePolicy, EpochIter, Loader, LoaderConfig, OutputFormat, repeat_rng, sample_rng,
 };

@@ -1,9 +1,11 @@
 //! The data of a run: both folders scanned and checked against each other, and this rank's
 //! sharded loaders.
 
+use std::path::{Path, PathBuf};
+
 use data::{
-    AutoAugment, BadImagePolicy, DistributedSampler, ImageFolder, Interpolation, Loader,
-    LoaderConfig, Transform,
+    AutoAugment, BadImagePolicy, DistributedSampler, ImageFolder, IndexSource, Interpolation,
+    Loader, LoaderConfig, Transform,
 };
 
 use crate::TrainError;
@@ -141,13 +143,46 @@ fn check_same_classes(train: &ImageFolder, val: &ImageFolder) -> Result<(), Trai
     })
 }
 
+/// Where the file lists of the dataset folders are cached between processes and runs.
+pub fn folder_index_dir() -> PathBuf {
+    crate::cuda_setup::cache_root().join("image-folder-index")
+}
+
+/// The folder at `root`, listed once per machine: the first process to get there scans and
+/// caches the list, the others (and later runs) read it while the folders are unchanged.
+fn open_folder(root: &Path, rank: usize) -> Result<ImageFolder, TrainError> {
+    let (folder, source) = ImageFolder::with_index(root, &folder_index_dir())?;
+    if rank == 0 {
+        match source {
+            IndexSource::Read(index) => println!(
+                "{}: {} files, list read from {}",
+                root.display(),
+                folder.len(),
+                index.display()
+            ),
+            IndexSource::Scanned(index) => println!(
+                "{}: {} files, scanned; list cached in {}",
+                root.display(),
+                folder.len(),
+                index.display()
+            ),
+            IndexSource::ScannedNotCached(why) => println!(
+                "{}: {} files, scanned; list not cached ({why})",
+                root.display(),
+                folder.len()
+            ),
+        }
+    }
+    Ok(folder)
+}
+
 /// Scans both folders, checks they hold the same classes, and builds this rank's sharded loaders.
 ///
 /// # Errors
 /// [`TrainError::Data`] naming a missing or empty folder; [`TrainError::ClassMismatch`].
 pub fn load_data(args: &TrainArgs, rank: usize, world_size: usize) -> Result<Datasets, TrainError> {
-    let train = ImageFolder::new(expand_home(&args.train_dir))?;
-    let val = ImageFolder::new(expand_home(&args.val_dir))?;
+    let train = open_folder(&expand_home(&args.train_dir), rank)?;
+    let val = open_folder(&expand_home(&args.val_dir), rank)?;
     check_same_classes(&train, &val)?;
     let num_classes = train.num_classes();
     let mut train_sampler =
