@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+pub use crate::lr_plan::{LrScheduler, WarmupMethod};
+pub use crate::torchvision_flags::Recipe;
+
 /// How to treat an image file that cannot be decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 pub enum OnBadImage {
@@ -360,39 +363,6 @@ fn default_model_ema_decay() -> f64 {
 
 fn default_print_freq() -> usize {
     10
-}
-
-/// `--lr-scheduler` (torchvision's names, case-insensitive as its `.lower()`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LrScheduler {
-    /// StepLR: × --lr-gamma every --lr-step-size epochs.
-    #[default]
-    Steplr,
-    /// CosineAnnealingLR to --lr-min over epochs − warmup epochs.
-    Cosineannealinglr,
-    /// ExponentialLR: × --lr-gamma every epoch.
-    Exponentiallr,
-}
-
-/// `--lr-warmup-method`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WarmupMethod {
-    /// LinearLR from --lr-warmup-decay × lr to lr.
-    Linear,
-    /// ConstantLR at --lr-warmup-decay × lr (torchvision's default).
-    #[default]
-    Constant,
-}
-
-/// `--recipe`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-pub enum Recipe {
-    /// torchvision's ResNet-50 IMAGENET1K_V2 recipe (80.9% top-1), 8 processes of 128 images.
-    #[value(name = "torchvision-resnet50-v2")]
-    #[serde(rename = "torchvision-resnet50-v2")]
-    TorchvisionResnet50V2,
 }
 
 /// `--amp`: the precision of the convs.

@@ -8,8 +8,35 @@
 //!   `--lr-warmup-decay`: `references/classification/train.py`'s schedulers, stepped once per
 //!   epoch, with `--lr` the total peak rate (not multiplied by the world size).
 
-use crate::cli::{LrScheduler, TrainArgs, WarmupMethod};
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+
+use crate::cli::TrainArgs;
 use crate::schedule::LrSchedule;
+
+/// `--lr-scheduler` (torchvision's names, case-insensitive as its `.lower()`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LrScheduler {
+    /// StepLR: × --lr-gamma every --lr-step-size epochs.
+    #[default]
+    Steplr,
+    /// CosineAnnealingLR to --lr-min over epochs − warmup epochs.
+    Cosineannealinglr,
+    /// ExponentialLR: × --lr-gamma every epoch.
+    Exponentiallr,
+}
+
+/// `--lr-warmup-method`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WarmupMethod {
+    /// LinearLR from --lr-warmup-decay × lr to lr.
+    Linear,
+    /// ConstantLR at --lr-warmup-decay × lr (torchvision's default).
+    #[default]
+    Constant,
+}
 
 /// torchvision's defaults for its schedule flags (`train.py`'s `get_args_parser`).
 pub mod torchvision_defaults {

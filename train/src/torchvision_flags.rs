@@ -5,10 +5,20 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::parser::ValueSource;
-use clap::{ArgMatches, CommandFactory};
+use clap::{ArgMatches, CommandFactory, ValueEnum};
+use serde::{Deserialize, Serialize};
 
-use crate::cli::{InvalidArgs, LrScheduler, Recipe, TrainArgs};
-use crate::lr_plan::torchvision_defaults;
+use crate::cli::{InvalidArgs, TrainArgs};
+use crate::lr_plan::{LrScheduler, torchvision_defaults};
+
+/// `--recipe`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum Recipe {
+    /// torchvision's ResNet-50 IMAGENET1K_V2 recipe (80.9% top-1), 8 processes of 128 images.
+    #[value(name = "torchvision-resnet50-v2")]
+    #[serde(rename = "torchvision-resnet50-v2")]
+    TorchvisionResnet50V2,
+}
 
 /// torchvision's ResNet-50 IMAGENET1K_V2 recipe (its blog "How to train state-of-the-art models
 /// using TorchVision's latest primitives", and `references/classification/README.md`), for
