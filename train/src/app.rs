@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use burn::backend::{Autodiff, Flex};
 use burn_dist::{CommBackend, DistOptions, LaunchConfig};
 use clap::parser::ValueSource;
-use clap::{CommandFactory, FromArgMatches, Parser};
+use clap::{FromArgMatches, Parser};
 use data::synthetic::{SyntheticConfig, SyntheticSummary};
 
 use crate::TrainError;
@@ -92,23 +92,31 @@ pub const QUICKSTART_WAIT: Duration = Duration::from_secs(600);
 /// # Errors
 /// The synthetic dataset cannot be written, or did not appear in time.
 pub fn parse_args() -> Result<(TrainArgs, Option<Quickstart>), TrainError> {
-    let matches = TrainArgs::command().get_matches();
+    // `--recipe` expanded first: what it sets counts as given.
+    let (mut argv, matches) = crate::torchvision_flags::parse_with_recipe(std::env::args_os())
+        .unwrap_or_else(|e| e.exit());
     let mut args = TrainArgs::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    args.apply_torchvision_paths();
     let from_user = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
-    let quickstart = !from_user("train_dir") && !expand_home(&args.train_dir).exists();
+    let quickstart = !from_user("train_dir")
+        && !from_user("data_path")
+        && !expand_home(&args.train_dir).exists();
     if !quickstart {
         return Ok((args, None));
     }
-    let mut argv: Vec<String> = std::env::args().collect();
+    // Horovod's rate and warmup are not the quickstart's to set beside torchvision's schedule.
+    let torchvision_lr = args.uses_torchvision_lr();
     for (id, value) in QUICKSTART {
-        if !from_user(id) {
-            argv.push(format!("--{}={value}", id.replace('_', "-")));
+        let left_to_torchvision = torchvision_lr && matches!(*id, "base_lr" | "warmup_epochs");
+        if !(from_user(id) || left_to_torchvision) {
+            argv.push(format!("--{}={value}", id.replace('_', "-")).into());
         }
     }
     let root = synthetic_cache_dir();
     let dataset = quickstart_dataset(&root, &SyntheticConfig::default())?;
     let missing_train_dir = args.train_dir.clone();
     args = TrainArgs::try_parse_from(&argv).unwrap_or_else(|e| e.exit());
+    args.apply_torchvision_paths();
     args.train_dir = dataset.train_dir.clone();
     if !from_user("val_dir") {
         args.val_dir = dataset.val_dir.clone();
@@ -327,12 +335,13 @@ fn run_on_backend<C: ClassifierConfig>(
 fn print_closing<C: ClassifierConfig>(summary: &RunSummary, quickstart: bool, config: &C) {
     if let Some(test) = &summary.evaluation {
         println!(
-            "test: {} top-1 {:.2}% top-5 {:.2}% on {} images (loss {:.4})",
+            "test: {} top-1 {:.2}% top-5 {:.2}% on {} images (loss {:.4}){}",
             config.name(),
             100.0 * test.accuracy,
             100.0 * test.accuracy_top5,
             test.count,
-            test.loss
+            test.loss,
+            if summary.evaluated_ema { " (EMA)" } else { "" }
         );
         return;
     }
@@ -351,6 +360,9 @@ fn print_closing<C: ClassifierConfig>(summary: &RunSummary, quickstart: bool, co
             "final weights: {} (a torchvision state_dict: load_state_dict(safetensors.torch.load_file(..)))",
             path.display()
         );
+    }
+    if let Some(path) = &summary.exported_ema {
+        println!("EMA weights: {} (the same format)", path.display());
     }
     if quickstart {
         println!(

@@ -4,7 +4,8 @@
 //!
 //! Layout: `BURNCKPT` magic, u32 format version, u64 header length, the JSON header
 //! ([`CheckpointHeader`]), u32 CRC32C of the header, then the sections the header lists (model
-//! record and optimizer record, Burn's bincode records at full precision).
+//! record and optimizer record, Burn's bincode records at full precision, and with `--model-ema`
+//! an `ema` section, the averaged model's record; files without it read as before).
 
 use std::fs::File;
 use std::io::Write;
@@ -75,7 +76,7 @@ pub enum CheckpointError {
 /// Where a section lies in the file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Section {
-    /// `model` or `optimizer`.
+    /// `model`, `optimizer` or `ema`.
     pub name: String,
     /// Byte length.
     pub len: u64,
@@ -104,6 +105,10 @@ pub struct CheckpointHeader {
     /// repaired from it (an epoch checkpointed but not yet logged when the run died).
     #[serde(default)]
     pub history: Vec<EpochMetrics>,
+    /// `--model-ema`: the EMA's update count since its last reset (torchvision's `n_averaged`);
+    /// present exactly when the file has an `ema` section.
+    #[serde(default)]
+    pub ema_n_averaged: Option<u64>,
 }
 
 /// A checkpoint read from disk and checked, not yet decoded into a model.
@@ -115,6 +120,7 @@ pub struct Checkpoint {
     pub header: CheckpointHeader,
     model: Vec<u8>,
     optimizer: Vec<u8>,
+    ema: Option<Vec<u8>>,
 }
 
 /// Parameter paths, shapes and dtypes in visit order: burn-dist's cross-rank model check, reused
@@ -124,7 +130,7 @@ pub fn model_fingerprint<B: Backend, M: Module<B>>(model: &M) -> String {
 }
 
 /// Writes a checkpoint atomically: temp file in the same directory, fsync, rename, fsync the
-/// directory.
+/// directory. `ema` (the averaged model of `--model-ema`) becomes an `ema` section.
 ///
 /// # Errors
 /// [`CheckpointError`] naming the file.
@@ -133,6 +139,7 @@ pub fn save<B, M, O>(
     header: CheckpointHeader,
     model: &M,
     optimizer: &O,
+    ema: Option<&M::InnerModule>,
 ) -> Result<(), CheckpointError>
 where
     B: AutodiffBackend,
@@ -149,21 +156,43 @@ where
         .map_err(|e| record_error("model", e.to_string()))?;
     let optimizer_bytes = Recorder::<B>::record(&Bytes::default(), optimizer.to_record(), ())
         .map_err(|e| record_error("optimizer", e.to_string()))?;
-    write_file(path, header, &model_bytes, &optimizer_bytes)
+    let ema_bytes = ema
+        .map(|ema| {
+            Recorder::<B::InnerBackend>::record(&Bytes::default(), ema.clone().into_record(), ())
+                .map_err(|e| record_error("ema", e.to_string()))
+        })
+        .transpose()?;
+    let mut sections = vec![
+        ("model", model_bytes.as_slice()),
+        ("optimizer", optimizer_bytes.as_slice()),
+    ];
+    if let Some(bytes) = &ema_bytes {
+        sections.push(("ema", bytes.as_slice()));
+    }
+    write_sections(path, header, &sections)
 }
 
+#[cfg(test)]
 fn write_file(
     path: &Path,
-    mut header: CheckpointHeader,
+    header: CheckpointHeader,
     model: &[u8],
     optimizer: &[u8],
+) -> Result<(), CheckpointError> {
+    write_sections(path, header, &[("model", model), ("optimizer", optimizer)])
+}
+
+fn write_sections(
+    path: &Path,
+    mut header: CheckpointHeader,
+    sections: &[(&str, &[u8])],
 ) -> Result<(), CheckpointError> {
     let io = |op, source| CheckpointError::Io {
         op,
         path: path.to_path_buf(),
         source,
     };
-    header.sections = [("model", model), ("optimizer", optimizer)]
+    header.sections = sections
         .iter()
         .map(|(name, bytes)| Section {
             name: name.to_string(),
@@ -190,8 +219,9 @@ fn write_file(
         file.write_all(&(json.len() as u64).to_le_bytes())?;
         file.write_all(&json)?;
         file.write_all(&crc32c::crc32c(&json).to_le_bytes())?;
-        file.write_all(model)?;
-        file.write_all(optimizer)?;
+        for (_, bytes) in sections {
+            file.write_all(bytes)?;
+        }
         file.sync_all()?;
         std::fs::rename(&tmp, path)?;
         // The rename is durable only once the directory entry is.
@@ -253,21 +283,28 @@ pub fn read(path: &Path) -> Result<Checkpoint, CheckpointError> {
                 section.name
             )));
         }
-        sections.push(data.to_vec());
+        sections.push((section.name.clone(), data.to_vec()));
         at = end;
     }
     if at != bytes.len() {
         return Err(damaged("trailing bytes after the last section"));
     }
-    let mut sections = sections.into_iter();
-    let (Some(model), Some(optimizer)) = (sections.next(), sections.next()) else {
+    let mut take = |name: &str| {
+        sections
+            .iter()
+            .position(|(n, _)| n == name)
+            .map(|i| sections.swap_remove(i).1)
+    };
+    let (Some(model), Some(optimizer)) = (take("model"), take("optimizer")) else {
         return Err(damaged("model or optimizer section missing"));
     };
+    let ema = take("ema");
     Ok(Checkpoint {
         path: path.to_path_buf(),
         header,
         model,
         optimizer,
+        ema,
     })
 }
 
@@ -321,6 +358,47 @@ impl Checkpoint {
         B: Backend,
         M: Module<B>,
     {
+        self.restore_section(model, &self.model, "model", device)
+    }
+
+    /// Whether the file holds an EMA (`--model-ema`), and its update count.
+    pub fn ema_n_averaged(&self) -> Option<u64> {
+        self.ema
+            .as_ref()
+            .map(|_| self.header.ema_n_averaged.unwrap_or(1))
+    }
+
+    /// Loads the EMA's weights and buffers into `model` (any backend: the record is the same),
+    /// or `None` when the file has no EMA.
+    ///
+    /// # Errors
+    /// [`CheckpointError::OtherModel`] when the file holds another architecture.
+    pub fn restore_ema<B, M>(
+        &self,
+        model: M,
+        device: &B::Device,
+    ) -> Result<Option<M>, CheckpointError>
+    where
+        B: Backend,
+        M: Module<B>,
+    {
+        self.ema
+            .as_ref()
+            .map(|bytes| self.restore_section(model, bytes, "ema", device))
+            .transpose()
+    }
+
+    fn restore_section<B, M>(
+        &self,
+        model: M,
+        bytes: &[u8],
+        section: &'static str,
+        device: &B::Device,
+    ) -> Result<M, CheckpointError>
+    where
+        B: Backend,
+        M: Module<B>,
+    {
         if model_fingerprint(&model) != self.header.model_fingerprint {
             return Err(CheckpointError::OtherModel {
                 path: self.path.clone(),
@@ -329,11 +407,11 @@ impl Checkpoint {
             });
         }
         let record =
-            Recorder::<B>::load(&Bytes::default(), self.model.clone(), device).map_err(|e| {
+            Recorder::<B>::load(&Bytes::default(), bytes.to_vec(), device).map_err(|e| {
                 CheckpointError::Record {
                     path: self.path.clone(),
                     op: "decode",
-                    section: "model",
+                    section,
                     reason: e.to_string(),
                 }
             })?;
@@ -407,6 +485,7 @@ mod tests {
             model_fingerprint: "[2, 2]".into(),
             sections: Vec::new(),
             history: Vec::new(),
+            ema_n_averaged: None,
         }
     }
 
@@ -447,6 +526,37 @@ mod tests {
             );
             assert!(error.to_string().contains("checkpoint-3.ckpt"), "{error}");
         }
+    }
+
+    #[test]
+    fn the_ema_section_is_optional_and_older_files_read() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("checkpoint-1.ckpt");
+        let mut with_ema = header(1);
+        with_ema.ema_n_averaged = Some(7);
+        write_sections(
+            &path,
+            with_ema,
+            &[("model", b"m"), ("optimizer", b"o"), ("ema", b"e")],
+        )
+        .expect("write");
+        let checkpoint = read(&path).expect("reads back");
+        assert_eq!(checkpoint.ema.as_deref(), Some(&b"e"[..]));
+        assert_eq!(checkpoint.ema_n_averaged(), Some(7));
+        assert_eq!(
+            (checkpoint.model.as_slice(), checkpoint.optimizer.as_slice()),
+            (&b"m"[..], &b"o"[..])
+        );
+
+        // A file from before the EMA: no section, no count in its header.
+        write_file(&path, header(1), b"m", b"o").expect("write");
+        let mut json = serde_json::to_value(read(&path).expect("reads").header).expect("json");
+        json.as_object_mut()
+            .expect("object")
+            .remove("ema_n_averaged");
+        let old: CheckpointHeader = serde_json::from_value(json).expect("old header reads");
+        assert!(old.ema_n_averaged.is_none());
+        assert!(read(&path).expect("reads").ema_n_averaged().is_none());
     }
 
     #[test]

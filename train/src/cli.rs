@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+pub use crate::lr_plan::{LrScheduler, WarmupMethod};
+pub use crate::torchvision_flags::Recipe;
+
 /// How to treat an image file that cannot be decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 pub enum OnBadImage {
@@ -61,8 +64,8 @@ pub struct TrainArgs {
     /// Divide gradients by this factor before the sum and by world/factor after.
     #[arg(long, default_value_t = 1.0)]
     pub gradient_predivide_factor: f64,
-    /// Input batch size for training (per process, per sub-batch).
-    #[arg(long, default_value_t = 32)]
+    /// Input batch size for training (per process, per sub-batch; torchvision's -b).
+    #[arg(short = 'b', long, default_value_t = 32)]
     pub batch_size: usize,
     /// Input batch size for validation (per process).
     #[arg(long, default_value_t = 32)]
@@ -70,17 +73,19 @@ pub struct TrainArgs {
     /// Number of epochs to train.
     #[arg(long, default_value_t = 90)]
     pub epochs: usize,
-    /// Learning rate for a single worker.
+    /// Learning rate for a single worker (Horovod's schedule; torchvision's total rate is --lr).
     #[arg(long, default_value_t = 0.0125)]
     pub base_lr: f64,
-    /// Number of warmup epochs.
+    /// Number of warmup epochs of Horovod's schedule: a per-batch ramp from --base-lr to
+    /// --base-lr × world × --batches-per-allreduce. With one process there is nothing to ramp,
+    /// so no warmup (torchvision's warmup is --lr-warmup-epochs).
     #[arg(long, default_value_t = 5.0)]
     pub warmup_epochs: f64,
     /// SGD momentum.
     #[arg(long, default_value_t = 0.9)]
     pub momentum: f64,
-    /// Weight decay.
-    #[arg(long, default_value_t = 0.00005)]
+    /// Weight decay (torchvision's --weight-decay).
+    #[arg(long, visible_alias = "weight-decay", default_value_t = 0.00005)]
     pub wd: f64,
     /// Disable CUDA training (train on the CPU).
     #[arg(long)]
@@ -94,8 +99,8 @@ pub struct TrainArgs {
     /// Square input size of training crops; validation resizes to size×256/224 then center-crops.
     #[arg(long, default_value_t = 224)]
     pub image_size: usize,
-    /// Decoding threads per process.
-    #[arg(long, default_value_t = 4)]
+    /// Decoding threads per process (torchvision's -j).
+    #[arg(short = 'j', long, default_value_t = 4)]
     pub workers: usize,
     /// What to do with an image file that cannot be decoded.
     #[arg(long, value_enum, default_value_t = OnBadImage::Skip)]
@@ -172,8 +177,14 @@ pub struct TrainArgs {
     pub batch_norm: OpChoice,
     /// Mixed precision: bf16 runs the convs in bf16 through cuDNN (f32 accumulation; weights,
     /// gradients and optimizer state stay f32, no loss scaler), as torchvision's --amp in bf16.
-    /// CUDA with --conv fast only.
-    #[arg(long, value_enum, default_value_t = Amp::None)]
+    /// CUDA with --conv fast only. A bare --amp (torchvision's fp16 autocast) is refused.
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = Amp::None,
+        num_args = 0..=1,
+        default_missing_value = "fp16"
+    )]
     #[serde(default)]
     pub amp: Amp,
     /// Print the driver, GPUs, CUDA libraries and what a run would use, then exit (non-zero with
@@ -218,6 +229,140 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 3)]
     #[serde(default = "default_ra_reps")]
     pub ra_reps: usize,
+    // torchvision's recipe: LR schedule family, EMA, recipe, and train.py's other flag names
+    // (references/classification/train.py). The --lr* flags are Options: giving any of them
+    // selects torchvision's schedule (crate::lr_plan), whose defaults apply to the rest.
+    /// torchvision's total peak learning rate (not multiplied by the world size; torchvision's
+    /// default 0.1). Selects torchvision's per-epoch schedule instead of Horovod's; cannot be
+    /// combined with --base-lr, --warmup-epochs or --lr-schedule.
+    #[arg(long, conflicts_with_all = HOROVOD_LR_FLAGS)]
+    #[serde(default)]
+    pub lr: Option<f64>,
+    /// torchvision's scheduler, stepped once per epoch [default: steplr]. Selects torchvision's
+    /// schedule.
+    #[arg(long, value_enum, ignore_case = true, conflicts_with_all = HOROVOD_LR_FLAGS)]
+    #[serde(default)]
+    pub lr_scheduler: Option<LrScheduler>,
+    /// StepLR's period in epochs [default: 30]. Selects torchvision's schedule.
+    #[arg(long, conflicts_with_all = HOROVOD_LR_FLAGS)]
+    #[serde(default)]
+    pub lr_step_size: Option<usize>,
+    /// StepLR's and ExponentialLR's factor [default: 0.1]. Selects torchvision's schedule.
+    #[arg(long, conflicts_with_all = HOROVOD_LR_FLAGS)]
+    #[serde(default)]
+    pub lr_gamma: Option<f64>,
+    /// CosineAnnealingLR's final rate (eta_min) [default: 0.0]. Selects torchvision's schedule.
+    #[arg(long, conflicts_with_all = HOROVOD_LR_FLAGS)]
+    #[serde(default)]
+    pub lr_min: Option<f64>,
+    /// torchvision's warmup, in whole epochs, from lr × --lr-warmup-decay [default: 0]. Not an
+    /// alias of Horovod's --warmup-epochs (a per-batch ramp from the single-worker rate): it
+    /// selects torchvision's schedule.
+    #[arg(long, conflicts_with_all = HOROVOD_LR_FLAGS)]
+    #[serde(default)]
+    pub lr_warmup_epochs: Option<usize>,
+    /// torchvision's warmup: linear (LinearLR) or constant (ConstantLR) [default: constant, as
+    /// torchvision's]. Selects torchvision's schedule.
+    #[arg(long, value_enum, ignore_case = true, conflicts_with_all = HOROVOD_LR_FLAGS)]
+    #[serde(default)]
+    pub lr_warmup_method: Option<WarmupMethod>,
+    /// The warmup's start factor (linear) or factor (constant) [default: 0.01]. Selects
+    /// torchvision's schedule.
+    #[arg(long, conflicts_with_all = HOROVOD_LR_FLAGS)]
+    #[serde(default)]
+    pub lr_warmup_decay: Option<f64>,
+    /// Keep an exponential moving average of the weights and buffers (torchvision's
+    /// ExponentialMovingAverage), validated every epoch (val/accuracy_ema), checkpointed, used by
+    /// --test-only, and exported beside the model as <export>_ema.safetensors.
+    #[arg(long)]
+    #[serde(default)]
+    pub model_ema: bool,
+    /// Optimizer steps between two EMA updates.
+    #[arg(long, default_value_t = 32)]
+    #[serde(default = "default_model_ema_steps")]
+    pub model_ema_steps: usize,
+    /// EMA decay per update before torchvision's adjustment by world × per-process batch ×
+    /// --model-ema-steps / --epochs.
+    #[arg(long, default_value_t = 0.99998)]
+    #[serde(default = "default_model_ema_decay")]
+    pub model_ema_decay: f64,
+    /// Set every flag of a published recipe that is not given on the command line (flags given
+    /// win); the config table lists what it set.
+    #[arg(long, value_enum)]
+    #[serde(default)]
+    pub recipe: Option<Recipe>,
+    /// torchvision's dataset root: --train-dir <path>/train and --val-dir <path>/val.
+    #[arg(long, conflicts_with_all = ["train_dir", "val_dir"])]
+    #[serde(default)]
+    pub data_path: Option<PathBuf>,
+    /// torchvision's output folder: --log-dir <dir>/logs and --checkpoint-format
+    /// <dir>/checkpoint-{epoch}.ckpt.
+    #[arg(long, conflicts_with_all = ["log_dir", "checkpoint_format"])]
+    #[serde(default)]
+    pub output_dir: Option<PathBuf>,
+    /// Resume from this checkpoint (one written by this program) instead of the newest valid one
+    /// --checkpoint-format names.
+    #[arg(long)]
+    #[serde(default)]
+    pub resume: Option<PathBuf>,
+    /// torchvision's start epoch: only 0 is accepted (the start epoch comes from the checkpoint).
+    #[arg(long, default_value_t = 0)]
+    #[serde(default)]
+    pub start_epoch: usize,
+    /// Optimizer steps between two train/lr, train/img_per_sec, train/data_time points.
+    #[arg(long, default_value_t = 10)]
+    #[serde(default = "default_print_freq")]
+    pub print_freq: usize,
+    /// torchvision's device: cuda (the default: every visible GPU) or cpu (as --no-cuda).
+    #[arg(long)]
+    #[serde(default)]
+    pub device: Option<String>,
+    /// torchvision's SyncBatchNorm: refused (BatchNorm statistics are per process and averaged
+    /// once per epoch).
+    #[arg(long)]
+    #[serde(default)]
+    pub sync_bn: bool,
+    /// torchvision's dataset cache: refused (images are decoded as they are read).
+    #[arg(long)]
+    #[serde(default)]
+    pub cache_dataset: bool,
+    /// torchvision's deterministic algorithms: accepted; runs here are deterministic anyway.
+    #[arg(long)]
+    #[serde(default)]
+    pub use_deterministic_algorithms: bool,
+    /// torchvision's process count: refused unless it equals what the launcher starts (use
+    /// --nproc-per-node and --nnodes).
+    #[arg(long)]
+    #[serde(skip)]
+    pub world_size: Option<usize>,
+    /// torchvision's rendezvous: env:// accepted (torchrun's environment is read); others refused.
+    #[arg(long)]
+    #[serde(skip)]
+    pub dist_url: Option<String>,
+    /// torchvision's image backend: pil accepted (the decoding and transforms here are PIL's);
+    /// tensor refused.
+    #[arg(long)]
+    #[serde(default)]
+    pub backend: Option<String>,
+    /// torchvision's transforms.v2 switch: accepted (one set of transforms here).
+    #[arg(long)]
+    #[serde(default)]
+    pub use_v2: bool,
+}
+
+/// Horovod's learning-rate flags, refused together with torchvision's.
+const HOROVOD_LR_FLAGS: [&str; 3] = ["base_lr", "warmup_epochs", "lr_schedule"];
+
+fn default_model_ema_steps() -> usize {
+    32
+}
+
+fn default_model_ema_decay() -> f64 {
+    0.99998
+}
+
+fn default_print_freq() -> usize {
+    10
 }
 
 /// `--amp`: the precision of the convs.
@@ -229,6 +374,10 @@ pub enum Amp {
     None,
     /// Convs in bf16 through cuDNN, f32 accumulation and master weights.
     Bf16,
+    /// torchvision's bare `--amp`: fp16 autocast with a gradient scaler, not implemented
+    /// (refused by [`TrainArgs::validate`]).
+    #[value(hide = true)]
+    Fp16,
 }
 
 fn default_ra_magnitude() -> usize {
@@ -405,7 +554,7 @@ impl TrainArgs {
                 "must contain {epoch}, e.g. ./checkpoint-{epoch}.ckpt",
             );
         }
-        Ok(())
+        self.validate_torchvision()
     }
 
     /// The ResNet depth `--model` names, if it names one.
@@ -531,6 +680,29 @@ pub(crate) mod tests {
             "random_erase",
             "ra_sampler",
             "ra_reps",
+            "lr",
+            "lr_scheduler",
+            "lr_step_size",
+            "lr_gamma",
+            "lr_min",
+            "lr_warmup_epochs",
+            "lr_warmup_method",
+            "lr_warmup_decay",
+            "model_ema",
+            "model_ema_steps",
+            "model_ema_decay",
+            "recipe",
+            "data_path",
+            "output_dir",
+            "resume",
+            "start_epoch",
+            "print_freq",
+            "device",
+            "sync_bn",
+            "cache_dataset",
+            "use_deterministic_algorithms",
+            "backend",
+            "use_v2",
         ] {
             object.remove(new).expect(new);
         }
@@ -538,6 +710,9 @@ pub(crate) mod tests {
         assert_eq!((args.ra_magnitude, args.ra_reps), (9, 3));
         assert_eq!(args.lr_schedule, LrDecay::Step);
         assert!(args.weights.is_none() && !args.test_only);
+        assert!(!args.model_ema && !args.uses_torchvision_lr());
+        assert_eq!((args.model_ema_steps, args.model_ema_decay), (32, 0.99998));
+        assert_eq!(args.print_freq, 10);
     }
 
     #[test]

@@ -13,7 +13,9 @@ pub mod cli;
 pub mod cuda_setup;
 pub mod datasets;
 pub mod elastic;
+pub mod ema;
 mod error;
+pub mod lr_plan;
 pub mod metrics;
 mod model;
 pub mod progress;
@@ -21,6 +23,7 @@ pub mod resume;
 pub mod run_log;
 pub mod schedule;
 pub mod tensorboard;
+pub mod torchvision_flags;
 pub mod trainer;
 pub mod weights;
 
@@ -28,9 +31,10 @@ pub use app::{
     QUICKSTART, QUICKSTART_WAIT, Quickstart, main_with, parse_args, resnet_from_args,
     synthetic_cache_dir,
 };
-pub use cli::{LrDecay, TrainArgs};
+pub use cli::{LrDecay, LrScheduler, Recipe, TrainArgs, WarmupMethod};
 pub use datasets::{Datasets, load_data};
 pub use error::TrainError;
+pub use lr_plan::{LrPlan, TorchvisionSchedule};
 pub use metrics::{EpochMetrics, PhaseMetrics, batch_stats, per_sample_loss};
 pub use model::{ClassifierConfig, ResNetFamily};
 pub use schedule::LrSchedule;

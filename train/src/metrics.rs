@@ -201,6 +201,15 @@ pub struct EpochMetrics {
     pub train_img_per_sec: f64,
     /// Bad files skipped on rank 0 during the epoch.
     pub skipped_files: usize,
+    /// `--model-ema`: the EMA's validation loss.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_loss_ema: Option<f64>,
+    /// `--model-ema`: the EMA's validation top-1 accuracy, 0..1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_accuracy_ema: Option<f64>,
+    /// `--model-ema`: the EMA's validation top-5 accuracy, 0..1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_accuracy_top5_ema: Option<f64>,
 }
 
 impl EpochMetrics {
@@ -217,7 +226,20 @@ impl EpochMetrics {
             val_images: val.count,
             train_img_per_sec: train.img_per_sec,
             skipped_files: train.skipped + val.skipped,
+            val_loss_ema: None,
+            val_accuracy_ema: None,
+            val_accuracy_top5_ema: None,
         }
+    }
+
+    /// With the EMA's validation figures (`--model-ema`).
+    pub fn with_ema(mut self, ema: Option<&PhaseMetrics>) -> Self {
+        if let Some(ema) = ema {
+            self.val_loss_ema = Some(ema.loss);
+            self.val_accuracy_ema = Some(ema.accuracy);
+            self.val_accuracy_top5_ema = Some(ema.accuracy_top5);
+        }
+        self
     }
 }
 

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::TrainError;
 use crate::checkpoint::{self, Checkpoint};
-use crate::cli::{LrDecay, TrainArgs, expand_home};
+use crate::cli::{LrDecay, LrScheduler, TrainArgs, expand_home};
 use crate::metrics::EpochMetrics;
 use crate::trainer::RunContext;
 use crate::weights;
@@ -27,6 +27,14 @@ const LR_SETTINGS: &[&str] = &[
     "wd",
     "label_smoothing",
     "max_steps_per_epoch",
+    "lr",
+    "lr_scheduler",
+    "lr_step_size",
+    "lr_gamma",
+    "lr_min",
+    "lr_warmup_epochs",
+    "lr_warmup_method",
+    "lr_warmup_decay",
 ];
 
 /// Flags that say where and how to run, not what to train (or that only matter at a fresh
@@ -49,6 +57,15 @@ const NOT_COMPARED: &[&str] = &[
     "no_cuda",
     "log_dir",
     "checkpoint_format",
+    "recipe",
+    "data_path",
+    "output_dir",
+    "resume",
+    "start_epoch",
+    "print_freq",
+    "device",
+    "use_deterministic_algorithms",
+    "use_v2",
 ];
 
 /// A setting that differs between a checkpoint and this run.
@@ -99,7 +116,14 @@ pub fn changed_settings(
             true,
         );
     }
-    let cosine = saved.lr_schedule == LrDecay::Cosine || args.lr_schedule == LrDecay::Cosine;
+    let ends_at_epochs = |a: &TrainArgs| {
+        if a.uses_torchvision_lr() {
+            a.lr_scheduler == Some(LrScheduler::Cosineannealinglr)
+        } else {
+            a.lr_schedule == LrDecay::Cosine
+        }
+    };
+    let cosine = ends_at_epochs(saved) || ends_at_epochs(args);
     if cosine && saved.epochs != args.epochs {
         push(
             "--epochs (the cosine ends there)",
@@ -160,6 +184,9 @@ pub struct Start<M, O> {
     pub resumed_from: usize,
     /// The figures of the completed epochs (rank 0).
     pub history: Vec<EpochMetrics>,
+    /// `--model-ema` resumed from the checkpoint (rank 0): the averaged weights and their update
+    /// count.
+    pub ema: Option<(M, u64)>,
 }
 
 /// Decides, on rank 0, where training starts: the newest valid checkpoint (refused when its
@@ -190,6 +217,7 @@ where
             optimizer,
             resumed_from: 0,
             history: Vec::new(),
+            ema: None,
         })
     };
     let verdict = agree(ctx, outcome.as_ref().map(|s| s.resumed_from as i64))?;
@@ -242,12 +270,16 @@ fn agree<E>(ctx: &RunContext, outcome: Result<i64, &E>) -> Result<i64, TrainErro
     Ok(verdict[0])
 }
 
-fn newest_valid_checkpoint(args: &TrainArgs) -> Option<Checkpoint> {
+/// `--resume PATH` (which must read back intact), else the newest valid checkpoint.
+fn newest_valid_checkpoint(args: &TrainArgs) -> Result<Option<Checkpoint>, TrainError> {
+    if let Some(path) = &args.resume {
+        return Ok(Some(checkpoint::read(&expand_home(path))?));
+    }
     let scan = checkpoint::scan_for_resume(args);
     for damaged in &scan.damaged {
         println!("warning: {damaged}; trying an older checkpoint");
     }
-    scan.newest_valid
+    Ok(scan.newest_valid)
 }
 
 fn start_on_rank_zero<B, M, O>(
@@ -263,7 +295,7 @@ where
     O: Optimizer<M, B>,
 {
     let args = &ctx.args;
-    if let Some(found) = newest_valid_checkpoint(args) {
+    if let Some(found) = newest_valid_checkpoint(args)? {
         let changes = changed_settings(
             &found.header.args,
             found.header.world_size,
@@ -278,6 +310,21 @@ where
             });
         }
         let (model, optimizer) = found.restore(model, optimizer, device)?;
+        let ema = match (args.model_ema, found.ema_n_averaged()) {
+            // A copy that shares no running state with the model (a clone would: loading the
+            // EMA's BatchNorm statistics into it would overwrite the model's).
+            (true, Some(n_averaged)) => found
+                .restore_ema(M::from_inner(model.valid()), device)?
+                .map(|ema| (ema, n_averaged)),
+            (true, None) => {
+                println!(
+                    "--model-ema: {} holds no EMA; the EMA starts from its weights",
+                    found.path.display()
+                );
+                None
+            }
+            (false, _) => None,
+        };
         println!(
             "resuming from {} ({} epochs done)",
             found.path.display(),
@@ -306,6 +353,7 @@ where
             optimizer,
             resumed_from: found.header.epoch,
             history: found.header.history,
+            ema,
         });
     }
     let model = match &args.weights {
@@ -324,6 +372,7 @@ where
         optimizer,
         resumed_from: 0,
         history: Vec::new(),
+        ema: None,
     })
 }
 
@@ -342,13 +391,42 @@ where
         for line in weights::describe_load(&path, &report, "") {
             println!("{line}");
         }
+        if args.model_ema {
+            println!("--model-ema: the EMA of weights never trained is the weights themselves");
+        }
         return Ok(model);
     }
-    let Some(found) = newest_valid_checkpoint(args) else {
+    let Some(found) = newest_valid_checkpoint(args)? else {
         return Err(TrainError::NothingToEvaluate {
             checkpoint: args.checkpoint_path(args.epochs),
         });
     };
+    // As torchvision's --test-only: with --model-ema the EMA is evaluated, else the model.
+    if args.model_ema {
+        let Some(ema) = found.restore_ema(model, device)? else {
+            return Err(crate::cli::InvalidArgs {
+                flag: "model-ema",
+                reason: format!(
+                    "{} holds no EMA (it was trained without --model-ema); drop --model-ema to \
+                     evaluate its weights",
+                    found.path.display()
+                ),
+            }
+            .into());
+        };
+        println!(
+            "evaluating the EMA of {} ({} epochs trained)",
+            found.path.display(),
+            found.header.epoch
+        );
+        return Ok(ema);
+    }
+    if found.ema_n_averaged().is_some() {
+        println!(
+            "{} also holds an EMA: --model-ema evaluates it",
+            found.path.display()
+        );
+    }
     println!(
         "evaluating {} ({} epochs trained)",
         found.path.display(),

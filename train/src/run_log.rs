@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use crate::TrainError;
 use crate::cli::expand_home;
+use crate::lr_plan::LrPlan;
 use crate::metrics::EpochMetrics;
-use crate::schedule::LrSchedule;
 use crate::tensorboard::SummaryWriter;
 use crate::trainer::RunContext;
 
@@ -72,6 +72,15 @@ impl RunLog {
         self.scalar("val/loss", m.val_loss, step)?;
         self.scalar("val/accuracy", m.val_accuracy, step)?;
         self.scalar("val/accuracy_top5", m.val_accuracy_top5, step)?;
+        for (tag, value) in [
+            ("val/loss_ema", m.val_loss_ema),
+            ("val/accuracy_ema", m.val_accuracy_ema),
+            ("val/accuracy_top5_ema", m.val_accuracy_top5_ema),
+        ] {
+            if let Some(value) = value {
+                self.scalar(tag, value, step)?;
+            }
+        }
         let error = self.event_error();
         self.writer.flush().map_err(error)
     }
@@ -96,9 +105,15 @@ impl RunLog {
                 path: self.metrics_path.clone(),
                 source,
             })?;
+        let ema = match (m.val_accuracy_ema, m.val_accuracy_top5_ema) {
+            (Some(top1), Some(top5)) => {
+                format!(" | EMA acc {:.2}% top-5 {:.2}%", 100.0 * top1, 100.0 * top5)
+            }
+            _ => String::new(),
+        };
         println!(
             "epoch {}: train loss {:.4} acc {:.2}% | val loss {:.4} acc {:.2}% top-5 {:.2}% \
-             ({} images) | {:.1} img/s",
+             ({} images){ema} | {:.1} img/s",
             m.epoch,
             m.train_loss,
             100.0 * m.train_accuracy,
@@ -209,7 +224,7 @@ pub fn print_config_table(
     model: &str,
     data: (&data::Loader, &data::Loader),
     steps_per_epoch: usize,
-    schedule: &LrSchedule,
+    schedule: &LrPlan,
 ) {
     let a = &ctx.args;
     let (train, val) = data;
@@ -275,6 +290,7 @@ pub fn print_config_table(
         ("logs", expand_home(&a.log_dir).display().to_string()),
         ("checkpoints", a.checkpoint_format.clone()),
     ];
+    rows.extend(crate::torchvision_flags::config_rows(a, world));
     let init = match (&a.weights, a.zero_init_residual) {
         (Some(w), _) => Some(format!("weights {}", w.display())),
         (None, true) => Some("zero-init residual BatchNorms".to_string()),

@@ -25,6 +25,8 @@ use crate::TrainError;
 use crate::checkpoint::{self, CheckpointHeader};
 use crate::cli::{TrainArgs, expand_home};
 use crate::datasets::{load_data, val_loader};
+use crate::ema::ModelEma;
+use crate::lr_plan::LrPlan;
 use crate::metrics::{
     EpochMetrics, MetricSums, PhaseMetrics, batch_stats, per_sample_loss, read_stats,
 };
@@ -32,10 +34,10 @@ use crate::model::ClassifierConfig;
 use crate::progress::Progress;
 use crate::resume;
 use crate::run_log::{RunLog, print_config_table};
-use crate::schedule::LrSchedule;
 use crate::weights;
 
-/// Optimizer steps between two `train/lr`, `train/img_per_sec`, `train/data_time` points.
+/// Optimizer steps between two `train/lr`, `train/img_per_sec`, `train/data_time` points, unless
+/// `--print-freq` says otherwise.
 pub const LOG_INTERVAL_STEPS: usize = 10;
 
 /// Validation batches between two reads of the device-side sums (each read is a device sync and
@@ -78,6 +80,10 @@ pub struct RunSummary {
     pub evaluation: Option<PhaseMetrics>,
     /// The final weights, exported as a torchvision `state_dict` (rank 0).
     pub exported: Option<PathBuf>,
+    /// `--model-ema`: the EMA's final weights, exported beside them (rank 0).
+    pub exported_ema: Option<PathBuf>,
+    /// `--test-only --model-ema`: the evaluation is the EMA's.
+    pub evaluated_ema: bool,
 }
 
 type Sgd<B, M> = burn::optim::adaptor::OptimizerAdaptor<
@@ -131,15 +137,7 @@ where
         .train
         .batches_per_epoch()
         .min(args.max_steps_per_epoch.unwrap_or(usize::MAX));
-    let schedule = LrSchedule {
-        base_lr: args.base_lr,
-        world_size: ctx.dist.world_size(),
-        batches_per_allreduce: args.batches_per_allreduce,
-        warmup_epochs: args.warmup_epochs,
-        batches_per_epoch: steps_per_epoch,
-        decay: args.lr_schedule,
-        epochs: args.epochs,
-    };
+    let schedule = LrPlan::from_args(args, ctx.dist.world_size(), steps_per_epoch);
     let Started {
         mut state,
         resumed_from,
@@ -192,7 +190,14 @@ where
             Some(epoch),
             &state.device,
         )?;
-        let metrics = EpochMetrics::new(epoch + 1, &train, &val);
+        let val_ema = crate::ema::end_of_epoch::<B, C::Model<B>>(
+            ctx,
+            state.ema.as_mut(),
+            &mut datasets.val,
+            epoch,
+            &state.device,
+        )?;
+        let metrics = EpochMetrics::new(epoch + 1, &train, &val).with_ema(val_ema.as_ref());
         if let Some(log) = log.as_mut() {
             // Checkpoint first, then log: a crash in between loses no epoch (resume restores its
             // line from the checkpoint) and duplicates none.
@@ -207,6 +212,11 @@ where
         if !summary.epochs.is_empty() || !path.exists() {
             weights::export(&state.model, &path)?;
             summary.exported = Some(path);
+            if let Some(ema) = &state.ema {
+                let path = args.ema_export_path();
+                weights::export(&ema.model, &path)?;
+                summary.exported_ema = Some(path);
+            }
         }
     }
     Ok(summary)
@@ -247,6 +257,7 @@ where
     // Parameters (and BN buffers) first: that also gives every rank rank 0's parameter ids, by
     // which the optimizer state is keyed; then the optimizer state.
     let model = broadcast_parameters::<B, _>(ctx.comm(), start.model, 0)?;
+    let ema = crate::ema::start::<B, C::Model<B>>(ctx, &model, start.ema, start.resumed_from)?;
     let optimizer = DistributedOptimizer::new(
         start.optimizer,
         Arc::clone(&ctx.dist.comm),
@@ -262,6 +273,7 @@ where
             model,
             optimizer,
             device,
+            ema,
         },
         resumed_from: start.resumed_from,
         history: start.history,
@@ -290,9 +302,16 @@ where
         model_fingerprint: checkpoint::model_fingerprint(&state.model),
         sections: Vec::new(),
         history: history.to_vec(),
+        ema_n_averaged: state.ema.as_ref().map(|ema| ema.n_averaged),
     };
     let path = args.checkpoint_path(epoch);
-    checkpoint::save(&path, header, &state.model, state.optimizer.inner())?;
+    checkpoint::save(
+        &path,
+        header,
+        &state.model,
+        state.optimizer.inner(),
+        state.ema.as_ref().map(|ema| &ema.model),
+    )?;
     match checkpoint::read(&path) {
         Ok(_) => {
             for removed in checkpoint::prune(args, epoch) {
@@ -326,6 +345,7 @@ where
     let metrics = evaluate::<B, C::Model<B>>(ctx, &model.valid(), &mut val, None, &device)?;
     Ok(RunSummary {
         evaluation: Some(metrics),
+        evaluated_ema: args.model_ema,
         ..RunSummary::default()
     })
 }
@@ -342,6 +362,8 @@ where
     pub optimizer: DistributedOptimizer<Sgd<B, M>, M, B>,
     /// The device.
     pub device: B::Device,
+    /// `--model-ema`: the averaged model (see [`crate::ema`]).
+    pub ema: Option<ModelEma<M::InnerModule>>,
 }
 
 /// One pass over this rank's shard: per loader batch, forward/backward over sub-batches of
@@ -354,7 +376,7 @@ pub fn train_one_epoch<B, M>(
     ctx: &RunContext,
     state: &mut TrainState<B, M>,
     loader: &mut Loader,
-    schedule: &LrSchedule,
+    schedule: &LrPlan,
     epoch: usize,
     steps: usize,
     mut log: Option<&mut RunLog>,
@@ -377,6 +399,7 @@ where
     // Since the last per-step log point: when it started, data wait, images.
     let mut interval = (Instant::now(), Duration::ZERO, 0.0f64);
     let mut lr = schedule.lr(epoch, 0);
+    let log_interval = args.print_freq.max(1);
 
     for step in 0..steps {
         let wait = Instant::now();
@@ -388,6 +411,11 @@ where
 
         lr = schedule.lr(epoch, step);
         let stats = train_step(state, &batch, args.batch_size, args.label_smoothing, lr)?;
+        if let Some(ema) = state.ema.as_mut() {
+            crate::ema::after_step(ema, &state.model, step, args.model_ema_steps, || {
+                schedule.in_warmup(epoch)
+            });
+        }
         let local = MetricSums::from_stats(&read_stats(stats), batch.len());
         let global = MetricSums::from_array(&reduce_metrics(ctx.comm(), &local.to_array())?);
         if !global.mean_loss().is_finite() {
@@ -414,9 +442,9 @@ where
             ),
         );
         if let Some(log) = log.as_deref_mut() {
-            if (step + 1) % LOG_INTERVAL_STEPS == 0 || step + 1 == steps {
+            if (step + 1) % log_interval == 0 || step + 1 == steps {
                 let span = interval.0.elapsed().as_secs_f64().max(1e-9);
-                let steps_in_interval = ((step % LOG_INTERVAL_STEPS) + 1) as f64;
+                let steps_in_interval = ((step % log_interval) + 1) as f64;
                 let global_step = (epoch * steps + step + 1) as i64;
                 log.scalar("train/lr", lr, global_step)?;
                 log.scalar("train/img_per_sec", interval.2 / span, global_step)?;
@@ -428,7 +456,7 @@ where
             }
             log.tick()?;
         }
-        if (step + 1) % LOG_INTERVAL_STEPS == 0 {
+        if (step + 1) % log_interval == 0 {
             interval = (Instant::now(), Duration::ZERO, 0.0);
         }
     }
@@ -517,6 +545,21 @@ where
         Some(epoch) => format!("Validate Epoch  #{}", epoch + 1),
         None => "Test".to_string(),
     };
+    evaluate_labelled::<B, M>(ctx, model, loader, label, device)
+}
+
+/// [`evaluate`] with the progress label given.
+pub(crate) fn evaluate_labelled<B, M>(
+    ctx: &RunContext,
+    model: &M::InnerModule,
+    loader: &mut Loader,
+    label: String,
+    device: &B::Device,
+) -> Result<PhaseMetrics, TrainError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B, InnerModule: ImageClassifier<B::InnerBackend>>,
+{
     let steps = loader.batches_per_epoch();
     let mut progress = Progress::new(ctx.is_main() && ctx.show_progress, label, steps);
     let started = Instant::now();
