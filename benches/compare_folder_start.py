@@ -9,7 +9,8 @@ Builds and runs `cargo run -p benches --bin folder_start -- --json` (which creat
 empty, ImageNet-named files on first use: 1000 folders x 1281 files), then times
 `torchvision.datasets.ImageFolder(root)` on the same tree (its constructor lists every folder,
 as every rank of a torchrun job does), interleaving rounds so that both see the same page cache;
-prints the best of each and the ratios. Pass --cargo-args "--release" for a release build.
+prints the best of each and the ratios. Pass --cargo-args "--release" for a release build, or
+--ours-bin target/debug/folder_start for one already built.
 """
 import argparse
 import json
@@ -20,10 +21,10 @@ import time
 from torchvision import datasets
 
 
-def ours(root, cargo_args):
-    cmd = (["cargo", "run", "-q"] + shlex.split(cargo_args)
-           + ["-p", "benches", "--bin", "folder_start", "--", "--root", root, "--rounds", "1",
-              "--json"])
+def ours(root, cargo_args, binary):
+    run = [binary] if binary else (["cargo", "run", "-q"] + shlex.split(cargo_args)
+                                   + ["-p", "benches", "--bin", "folder_start", "--"])
+    cmd = run + ["--root", root, "--rounds", "1", "--json"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -39,14 +40,15 @@ def main():
     p.add_argument("--root", default="target/bench-data/empty-imagenet-train")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--cargo-args", default="")
+    p.add_argument("--ours-bin", help="an already built folder_start binary (skips cargo)")
     a = p.parse_args()
     best = {"torchvision": float("inf"), "scan_s": float("inf"), "first_open_s": float("inf"),
             "index_read_s": float("inf")}
-    ours(a.root, a.cargo_args)  # creates the tree, warms the page cache
+    ours(a.root, a.cargo_args, a.ours_bin)  # creates the tree, warms the page cache
     for _ in range(a.rounds):
         t, n_tv = torchvision_seconds(a.root)
         best["torchvision"] = min(best["torchvision"], t)
-        r = ours(a.root, a.cargo_args)
+        r = ours(a.root, a.cargo_args, a.ours_bin)
         assert r["files"] == n_tv, (r, n_tv)
         for k in ("scan_s", "first_open_s", "index_read_s"):
             best[k] = min(best[k], r[k])
