@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+pub use crate::optim::OptimizerKind;
+
 /// How to treat an image file that cannot be decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 pub enum OnBadImage {
@@ -218,6 +220,28 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 3)]
     #[serde(default = "default_ra_reps")]
     pub ra_reps: usize,
+    // torchvision's recipe: optimizer, weight-decay groups, gradient clipping (`crate::optim`).
+    /// Optimizer, as torchvision's train.py: sgd and sgd_nesterov (momentum --momentum), rmsprop
+    /// (momentum --momentum, eps 0.0316, alpha 0.9), adamw (betas 0.9/0.999, eps 1e-8, decoupled
+    /// weight decay).
+    #[arg(long, value_enum, default_value_t = OptimizerKind::Sgd)]
+    #[serde(default)]
+    pub opt: OptimizerKind,
+    /// Weight decay of normalisation layers' weights and biases (BatchNorm's gamma and beta), as
+    /// torchvision's set_weight_decay (default: --wd).
+    #[arg(long)]
+    #[serde(default)]
+    pub norm_weight_decay: Option<f64>,
+    /// Weight decay of every parameter named `bias`, norm layers' biases included (it takes
+    /// precedence over --norm-weight-decay, as in torchvision) (default: --wd).
+    #[arg(long)]
+    #[serde(default)]
+    pub bias_weight_decay: Option<f64>,
+    /// Scale the gradients so that their global L2 norm is at most this, after the allreduce
+    /// (torch's clip_grad_norm_); the norm is logged as train/grad_norm (default: no clipping).
+    #[arg(long)]
+    #[serde(default)]
+    pub clip_grad_norm: Option<f64>,
 }
 
 /// `--amp`: the precision of the convs.
@@ -405,7 +429,7 @@ impl TrainArgs {
                 "must contain {epoch}, e.g. ./checkpoint-{epoch}.ckpt",
             );
         }
-        Ok(())
+        crate::optim::settings::validate(self)
     }
 
     /// The ResNet depth `--model` names, if it names one.

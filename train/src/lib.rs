@@ -16,6 +16,7 @@ pub mod elastic;
 mod error;
 pub mod metrics;
 mod model;
+pub mod optim;
 pub mod progress;
 pub mod resume;
 pub mod run_log;

@@ -27,6 +27,10 @@ const LR_SETTINGS: &[&str] = &[
     "wd",
     "label_smoothing",
     "max_steps_per_epoch",
+    "opt",
+    "norm_weight_decay",
+    "bias_weight_decay",
+    "clip_grad_norm",
 ];
 
 /// Flags that say where and how to run, not what to train (or that only matter at a fresh
@@ -277,7 +281,12 @@ where
                 changes: describe(&refused),
             });
         }
-        let (model, optimizer) = found.restore(model, optimizer, device)?;
+        let (model, optimizer) = if let Some(why) = optimizer_state_unusable(&found, args) {
+            println!("optimizer state not restored: {why}; it starts afresh");
+            (found.restore_model(model, device)?, optimizer)
+        } else {
+            found.restore(model, optimizer, device)?
+        };
         println!(
             "resuming from {} ({} epochs done)",
             found.path.display(),
@@ -324,6 +333,25 @@ where
         optimizer,
         resumed_from: 0,
         history: Vec::new(),
+    })
+}
+
+/// Why `found`'s optimizer state cannot continue in this run, if it cannot: another `--opt`
+/// (only reached with `--resume-anyway`), or a file from before the optimizer choice.
+fn optimizer_state_unusable(found: &Checkpoint, args: &TrainArgs) -> Option<String> {
+    if !found.has_current_optimizer_format() {
+        return Some(format!(
+            "{} holds the SGD state of an older version of this program",
+            found.path.display()
+        ));
+    }
+    let saved = found.header.args.opt;
+    (saved != args.opt).then(|| {
+        format!(
+            "the checkpoint was written by --opt {}, this run uses --opt {}",
+            saved.name(),
+            args.opt.name()
+        )
     })
 }
 
