@@ -555,6 +555,10 @@ pub(crate) mod tests {
             "random_erase",
             "ra_sampler",
             "ra_reps",
+            "opt",
+            "norm_weight_decay",
+            "bias_weight_decay",
+            "clip_grad_norm",
         ] {
             object.remove(new).expect(new);
         }
@@ -562,6 +566,7 @@ pub(crate) mod tests {
         assert_eq!((args.ra_magnitude, args.ra_reps), (9, 3));
         assert_eq!(args.lr_schedule, LrDecay::Step);
         assert!(args.weights.is_none() && !args.test_only);
+        assert_eq!(args.opt, OptimizerKind::Sgd);
     }
 
     #[test]

@@ -294,3 +294,73 @@ fn resnet18_groups_are_torchvisions() {
             .collect::<Vec<_>>()
     );
 }
+
+/// Two steps, a checkpoint written and read back (and the broadcast's MessagePack round trip),
+/// then a third step: the restored optimizer's step equals the uninterrupted one's exactly.
+#[test]
+fn adamw_and_rmsprop_state_survive_a_checkpoint() {
+    use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
+    use clap::Parser;
+    use train::checkpoint::{self, CheckpointHeader};
+
+    let fixture = fixture();
+    let lrs = floats(&fixture["lrs"]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    for opt in ["adamw", "rmsprop", "sgd_nesterov"] {
+        let args = train::TrainArgs::parse_from(["train", "--opt", opt, "--clip-grad-norm", "2"]);
+        let settings = OptimizerSettings::from_args(&args);
+        let mut model = tiny(&fixture);
+        let mut optimizer = TorchOptimizer::<Tiny<AB>, AB>::new(settings);
+        for (step, &lr) in lrs.iter().enumerate().take(2) {
+            let grads = gradients(&fixture, &model, step);
+            model = optimizer.step(f64::from(lr), model, grads);
+        }
+        let path = dir.path().join(format!("{opt}.ckpt"));
+        let header = CheckpointHeader {
+            epoch: 1,
+            args: args.clone(),
+            world_size: 1,
+            data_seed: 0,
+            model_fingerprint: checkpoint::model_fingerprint(&model),
+            sections: Vec::new(),
+            history: Vec::new(),
+        };
+        checkpoint::save(&path, header, &model, &optimizer).expect("save");
+        let read = checkpoint::read(&path).expect("read");
+        assert!(read.has_current_optimizer_format());
+        let fresh = TorchOptimizer::<Tiny<AB>, AB>::new(settings);
+        let (restored_model, restored) = read
+            .restore(tiny(&fixture), fresh, &Default::default())
+            .expect("restore");
+        // The broadcast path: rank 0's record through burn-dist's recorder.
+        let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::default();
+        let bytes = Recorder::<AB>::record(&recorder, restored.to_record(), ()).expect("encode");
+        let record = Recorder::<AB>::load(&recorder, bytes, &Default::default()).expect("decode");
+        let mut restored = TorchOptimizer::<Tiny<AB>, AB>::new(settings).load_record(record);
+
+        let grads = gradients(&fixture, &model, 2);
+        let next = optimizer.step(f64::from(lrs[2]), model, grads);
+        let same_weights = restored_model.clone();
+        let grads = gradients(&fixture, &restored_model, 2);
+        let resumed = restored.step(f64::from(lrs[2]), restored_model, grads);
+        for ((name, a), (_, b)) in params(&next).into_iter().zip(params(&resumed)) {
+            assert_eq!(a, b, "{opt} {name}: the resumed step differs");
+        }
+        // A fresh optimizer's step would differ: the state is what makes them equal.
+        let mut plain = TorchOptimizer::<Tiny<AB>, AB>::new(settings);
+        let grads = gradients(&fixture, &same_weights, 2);
+        let unstated = plain.step(f64::from(lrs[2]), same_weights, grads);
+        assert_ne!(params(&unstated)[0].1, params(&resumed)[0].1, "{opt}");
+
+        // Another --opt does not take this state.
+        let other = OptimizerSettings {
+            kind: OptimizerKind::Sgd,
+            ..settings
+        };
+        let sgd = TorchOptimizer::<Tiny<AB>, AB>::new(other).load_record(optimizer.to_record());
+        assert!(
+            sgd.to_record().states.is_empty(),
+            "{opt} state loaded into sgd"
+        );
+    }
+}

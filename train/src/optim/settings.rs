@@ -175,3 +175,83 @@ pub fn validate(args: &TrainArgs) -> Result<(), InvalidArgs> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::tests::parse;
+    use crate::resume::changed_settings;
+    use clap::Parser;
+
+    #[test]
+    fn flags_parse_with_torchvisions_names_and_default_to_todays_sgd() {
+        let a = parse(&[]);
+        assert_eq!(a.opt, OptimizerKind::Sgd);
+        assert_eq!(
+            (a.norm_weight_decay, a.bias_weight_decay, a.clip_grad_norm),
+            (None, None, None)
+        );
+        let a = parse(&[
+            "--opt",
+            "sgd_nesterov",
+            "--norm-weight-decay",
+            "0.0",
+            "--bias-weight-decay",
+            "0",
+            "--clip-grad-norm",
+            "1.5",
+        ]);
+        a.validate().expect("valid");
+        let s = OptimizerSettings::from_args(&a);
+        assert_eq!(s.kind, OptimizerKind::SgdNesterov);
+        assert_eq!((s.decay.norm, s.decay.bias), (Some(0.0), Some(0.0)));
+        assert_eq!(s.clip_grad_norm, Some(1.5));
+        for (name, kind) in [
+            ("sgd", OptimizerKind::Sgd),
+            ("rmsprop", OptimizerKind::RmsProp),
+            ("adamw", OptimizerKind::AdamW),
+        ] {
+            assert_eq!(parse(&["--opt", name]).opt, kind);
+            assert_eq!(kind.name(), name);
+        }
+        let table = OptimizerSettings::from_args(&parse(&["--opt", "rmsprop"])).describe();
+        assert!(table[0].1.contains("eps 0.0316"), "{table:?}");
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        let unknown = TrainArgs::try_parse_from(["train", "--opt", "adam"]);
+        let message = unknown.expect_err("unknown optimizer").to_string();
+        assert!(
+            message.contains("--opt") && message.contains("adamw"),
+            "{message}"
+        );
+        for (args, flag) in [
+            (&["--norm-weight-decay=-1"][..], "norm-weight-decay"),
+            (&["--bias-weight-decay", "nan"][..], "bias-weight-decay"),
+            (&["--clip-grad-norm", "0"][..], "clip-grad-norm"),
+            (&["--opt", "sgd_nesterov", "--momentum", "0"][..], "opt"),
+        ] {
+            let error = parse(args).validate().expect_err("invalid");
+            assert_eq!(error.flag, flag, "{args:?}");
+            assert!(error.to_string().contains(flag), "{error}");
+        }
+    }
+
+    #[test]
+    fn another_optimizer_or_decay_refuses_resume() {
+        let saved = parse(&["--opt", "adamw"]);
+        for now in [
+            parse(&["--opt", "rmsprop"]),
+            parse(&["--opt", "adamw", "--norm-weight-decay", "0"]),
+            parse(&["--opt", "adamw", "--bias-weight-decay", "0"]),
+            parse(&["--opt", "adamw", "--clip-grad-norm", "1"]),
+            parse(&["--opt", "adamw", "--wd", "0.1"]),
+        ] {
+            let changes = changed_settings(&saved, 1, &now, 1);
+            assert_eq!(changes.len(), 1, "{changes:?}");
+            assert!(changes[0].affects_lr, "{changes:?}");
+        }
+        assert!(changed_settings(&saved, 1, &saved, 1).is_empty());
+    }
+}
