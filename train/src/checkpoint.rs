@@ -21,7 +21,9 @@ use crate::cli::TrainArgs;
 use crate::metrics::EpochMetrics;
 
 const MAGIC: &[u8; 8] = b"BURNCKPT";
-const FORMAT_VERSION: u32 = 1;
+/// 2: the optimizer section is `train::optim::TorchOptimizer`'s record. 1 (still read): it was
+/// Burn's SGD adaptor record, which no optimizer of this version loads.
+const FORMAT_VERSION: u32 = 2;
 
 type Bytes = BinBytesRecorder<FullPrecisionSettings>;
 
@@ -118,6 +120,7 @@ pub struct Checkpoint {
     pub path: PathBuf,
     /// Its header.
     pub header: CheckpointHeader,
+    version: u32,
     model: Vec<u8>,
     optimizer: Vec<u8>,
     ema: Option<Vec<u8>>,
@@ -251,7 +254,7 @@ pub fn read(path: &Path) -> Result<Checkpoint, CheckpointError> {
         return Err(damaged("not a checkpoint file (bad magic or too short)"));
     }
     let version = u32::from_le_bytes(bytes[8..12].try_into().map_err(|_| damaged("version"))?);
-    if version != FORMAT_VERSION {
+    if !(1..=FORMAT_VERSION).contains(&version) {
         return Err(damaged(&format!(
             "format version {version}, expected {FORMAT_VERSION}"
         )));
@@ -302,6 +305,7 @@ pub fn read(path: &Path) -> Result<Checkpoint, CheckpointError> {
     Ok(Checkpoint {
         path: path.to_path_buf(),
         header,
+        version,
         model,
         optimizer,
         ema,
@@ -309,6 +313,12 @@ pub fn read(path: &Path) -> Result<Checkpoint, CheckpointError> {
 }
 
 impl Checkpoint {
+    /// Whether the optimizer section is in this version's format (files written before the
+    /// optimizer choice hold Burn's SGD record, which is not read back).
+    pub fn has_current_optimizer_format(&self) -> bool {
+        self.version == FORMAT_VERSION
+    }
+
     /// Loads the weights and the optimizer state into `model` and `optimizer`.
     ///
     /// # Errors

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::lr_plan::{LrScheduler, WarmupMethod};
 pub use crate::torchvision_flags::Recipe;
+pub use crate::optim::OptimizerKind;
 
 /// How to treat an image file that cannot be decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -348,6 +349,29 @@ pub struct TrainArgs {
     #[arg(long)]
     #[serde(default)]
     pub use_v2: bool,
+
+    // torchvision's recipe: optimizer, weight-decay groups, gradient clipping (`crate::optim`).
+    /// Optimizer, as torchvision's train.py: sgd and sgd_nesterov (momentum --momentum), rmsprop
+    /// (momentum --momentum, eps 0.0316, alpha 0.9), adamw (betas 0.9/0.999, eps 1e-8, decoupled
+    /// weight decay).
+    #[arg(long, value_enum, default_value_t = OptimizerKind::Sgd)]
+    #[serde(default)]
+    pub opt: OptimizerKind,
+    /// Weight decay of normalisation layers' weights and biases (BatchNorm's gamma and beta), as
+    /// torchvision's set_weight_decay (default: --wd).
+    #[arg(long)]
+    #[serde(default)]
+    pub norm_weight_decay: Option<f64>,
+    /// Weight decay of every parameter named `bias`, norm layers' biases included (it takes
+    /// precedence over --norm-weight-decay, as in torchvision) (default: --wd).
+    #[arg(long)]
+    #[serde(default)]
+    pub bias_weight_decay: Option<f64>,
+    /// Scale the gradients so that their global L2 norm is at most this, after the allreduce
+    /// (torch's clip_grad_norm_); the norm is logged as train/grad_norm (default: no clipping).
+    #[arg(long)]
+    #[serde(default)]
+    pub clip_grad_norm: Option<f64>,
 }
 
 /// Horovod's learning-rate flags, refused together with torchvision's.
@@ -554,7 +578,8 @@ impl TrainArgs {
                 "must contain {epoch}, e.g. ./checkpoint-{epoch}.ckpt",
             );
         }
-        self.validate_torchvision()
+        self.validate_torchvision()?;
+        crate::optim::settings::validate(self)
     }
 
     /// The ResNet depth `--model` names, if it names one.
@@ -703,6 +728,10 @@ pub(crate) mod tests {
             "use_deterministic_algorithms",
             "backend",
             "use_v2",
+            "opt",
+            "norm_weight_decay",
+            "bias_weight_decay",
+            "clip_grad_norm",
         ] {
             object.remove(new).expect(new);
         }
@@ -713,6 +742,7 @@ pub(crate) mod tests {
         assert!(!args.model_ema && !args.uses_torchvision_lr());
         assert_eq!((args.model_ema_steps, args.model_ema_decay), (32, 0.99998));
         assert_eq!(args.print_freq, 10);
+        assert_eq!(args.opt, OptimizerKind::Sgd);
     }
 
     #[test]

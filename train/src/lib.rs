@@ -5,6 +5,9 @@
 //! The binary trains the ResNets; your own model trains through the same loop, CLI and launcher
 //! by implementing [`ClassifierConfig`] for its config and calling [`main_with`] from its `main`
 //! (see `examples/custom_model.rs` and the README, whose example is compiled as a doctest).
+//!
+//! The optimizer (`--opt`, weight-decay groups, `--clip-grad-norm`) is [`optim::TorchOptimizer`]:
+//! torch.optim's update rules over any Burn module, its groups taken from the module path.
 
 mod app;
 pub mod check_env;
@@ -18,6 +21,7 @@ mod error;
 pub mod lr_plan;
 pub mod metrics;
 mod model;
+pub mod optim;
 pub mod progress;
 pub mod resume;
 pub mod run_log;

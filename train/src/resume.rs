@@ -35,6 +35,10 @@ const LR_SETTINGS: &[&str] = &[
     "lr_warmup_epochs",
     "lr_warmup_method",
     "lr_warmup_decay",
+    "opt",
+    "norm_weight_decay",
+    "bias_weight_decay",
+    "clip_grad_norm",
 ];
 
 /// Flags that say where and how to run, not what to train (or that only matter at a fresh
@@ -309,7 +313,12 @@ where
                 changes: describe(&refused),
             });
         }
-        let (model, optimizer) = found.restore(model, optimizer, device)?;
+        let (model, optimizer) = if let Some(why) = optimizer_state_unusable(&found, args) {
+            println!("optimizer state not restored: {why}; it starts afresh");
+            (found.restore_model(model, device)?, optimizer)
+        } else {
+            found.restore(model, optimizer, device)?
+        };
         let ema = match (args.model_ema, found.ema_n_averaged()) {
             // A copy that shares no running state with the model (a clone would: loading the
             // EMA's BatchNorm statistics into it would overwrite the model's).
@@ -373,6 +382,25 @@ where
         resumed_from: 0,
         history: Vec::new(),
         ema: None,
+    })
+}
+
+/// Why `found`'s optimizer state cannot continue in this run, if it cannot: another `--opt`
+/// (only reached with `--resume-anyway`), or a file from before the optimizer choice.
+fn optimizer_state_unusable(found: &Checkpoint, args: &TrainArgs) -> Option<String> {
+    if !found.has_current_optimizer_format() {
+        return Some(format!(
+            "{} holds the SGD state of an older version of this program",
+            found.path.display()
+        ));
+    }
+    let saved = found.header.args.opt;
+    (saved != args.opt).then(|| {
+        format!(
+            "the checkpoint was written by --opt {}, this run uses --opt {}",
+            saved.name(),
+            args.opt.name()
+        )
     })
 }
 

@@ -259,10 +259,6 @@ pub fn print_config_table(
         ("steps per epoch", steps_per_epoch.to_string()),
         ("lr", schedule.describe()),
         (
-            "sgd",
-            format!("momentum {}, weight decay {}", a.momentum, a.wd),
-        ),
-        (
             "loss",
             if a.label_smoothing > 0.0 {
                 format!("cross-entropy, label smoothing {}", a.label_smoothing)
@@ -290,6 +286,17 @@ pub fn print_config_table(
         ("logs", expand_home(&a.log_dir).display().to_string()),
         ("checkpoints", a.checkpoint_format.clone()),
     ];
+    let lr_row = rows
+        .iter()
+        .position(|(k, _)| *k == "lr")
+        .map_or(rows.len(), |i| i + 1);
+    for (offset, row) in crate::optim::OptimizerSettings::from_args(a)
+        .describe()
+        .into_iter()
+        .enumerate()
+    {
+        rows.insert(lr_row + offset, row);
+    }
     rows.extend(crate::torchvision_flags::config_rows(a, world));
     let init = match (&a.weights, a.zero_init_residual) {
         (Some(w), _) => Some(format!("weights {}", w.display())),

@@ -9,9 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burn::module::AutodiffModule;
-use burn::optim::decay::WeightDecayConfig;
-use burn::optim::momentum::MomentumConfig;
-use burn::optim::{GradientsAccumulator, GradientsParams, SgdConfig};
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use burn_dist::{
@@ -31,6 +29,7 @@ use crate::metrics::{
     EpochMetrics, MetricSums, PhaseMetrics, batch_stats, per_sample_loss, read_stats,
 };
 use crate::model::ClassifierConfig;
+use crate::optim::{OptimizerSettings, TorchOptimizer};
 use crate::progress::Progress;
 use crate::resume;
 use crate::run_log::{RunLog, print_config_table};
@@ -39,6 +38,10 @@ use crate::weights;
 /// Optimizer steps between two `train/lr`, `train/img_per_sec`, `train/data_time` points, unless
 /// `--print-freq` says otherwise.
 pub const LOG_INTERVAL_STEPS: usize = 10;
+
+/// Where `--clip-grad-norm`'s pre-clip gradient norm sits in a training step's stats, after
+/// `[loss sum, top-1, top-5]`.
+const GRAD_NORM_STAT: usize = 3;
 
 /// Validation batches between two reads of the device-side sums (each read is a device sync and
 /// an all-reduce; the count is the same on every rank, as the collective needs).
@@ -84,23 +87,6 @@ pub struct RunSummary {
     pub exported_ema: Option<PathBuf>,
     /// `--test-only --model-ema`: the evaluation is the EMA's.
     pub evaluated_ema: bool,
-}
-
-type Sgd<B, M> = burn::optim::adaptor::OptimizerAdaptor<
-    burn::optim::Sgd<<B as AutodiffBackend>::InnerBackend>,
-    M,
-    B,
->;
-
-fn sgd<B: AutodiffBackend, M: AutodiffModule<B>>(args: &TrainArgs) -> Sgd<B, M> {
-    SgdConfig::new()
-        .with_momentum(Some(MomentumConfig {
-            momentum: args.momentum,
-            dampening: 0.0,
-            nesterov: false,
-        }))
-        .with_weight_decay((args.wd > 0.0).then(|| WeightDecayConfig::new(args.wd as f32)))
-        .init()
 }
 
 fn sync_config(args: &TrainArgs) -> SyncConfig {
@@ -250,7 +236,7 @@ where
     let start = resume::start::<B, _, _>(
         ctx,
         model,
-        sgd::<B, C::Model<B>>(args),
+        TorchOptimizer::new(OptimizerSettings::from_args(args)),
         &config.head(),
         &device,
     )?;
@@ -358,8 +344,8 @@ where
 {
     /// The model.
     pub model: M,
-    /// The wrapped SGD.
-    pub optimizer: DistributedOptimizer<Sgd<B, M>, M, B>,
+    /// The wrapped `--opt` optimizer.
+    pub optimizer: DistributedOptimizer<TorchOptimizer<M, B>, M, B>,
     /// The device.
     pub device: B::Device,
     /// `--model-ema`: the averaged model (see [`crate::ema`]).
@@ -367,7 +353,7 @@ where
 }
 
 /// One pass over this rank's shard: per loader batch, forward/backward over sub-batches of
-/// `--batch-size` (loss divided by their count), one averaged gradient all-reduce and SGD step,
+/// `--batch-size` (loss divided by their count), one averaged gradient all-reduce and optimizer step,
 /// one read of the step's device-side metric sums and one fused metrics all-reduce.
 ///
 /// # Errors
@@ -400,6 +386,8 @@ where
     let mut interval = (Instant::now(), Duration::ZERO, 0.0f64);
     let mut lr = schedule.lr(epoch, 0);
     let log_interval = args.print_freq.max(1);
+    // `--clip-grad-norm`'s pre-clip norms since the last log point (sum, steps).
+    let mut grad_norms = (0.0f64, 0usize);
 
     for step in 0..steps {
         let wait = Instant::now();
@@ -416,7 +404,11 @@ where
                 schedule.in_warmup(epoch)
             });
         }
-        let local = MetricSums::from_stats(&read_stats(stats), batch.len());
+        let stats = read_stats(stats);
+        if let Some(norm) = stats.get(GRAD_NORM_STAT) {
+            grad_norms = (grad_norms.0 + norm, grad_norms.1 + 1);
+        }
+        let local = MetricSums::from_stats(&stats, batch.len());
         let global = MetricSums::from_array(&reduce_metrics(ctx.comm(), &local.to_array())?);
         if !global.mean_loss().is_finite() {
             return Err(TrainError::Diverged {
@@ -453,11 +445,16 @@ where
                     interval.1.as_secs_f64() / steps_in_interval,
                     global_step,
                 )?;
+                if grad_norms.1 > 0 {
+                    let mean = grad_norms.0 / grad_norms.1 as f64;
+                    log.scalar("train/grad_norm", mean, global_step)?;
+                }
             }
             log.tick()?;
         }
         if (step + 1) % log_interval == 0 {
             interval = (Instant::now(), Duration::ZERO, 0.0);
+            grad_norms = (0.0, 0);
         }
     }
     let skipped = batches.skipped();
@@ -476,8 +473,9 @@ where
     Ok(metrics)
 }
 
-/// Forward and backward over the sub-batches of one loader batch, then one synchronised SGD
-/// step. Returns this rank's `[loss sum, top-1, top-5]` of the batch, still on the device.
+/// Forward and backward over the sub-batches of one loader batch, then one synchronised optimizer
+/// step. Returns this rank's `[loss sum, top-1, top-5]` of the batch, then with
+/// `--clip-grad-norm` the step's pre-clip gradient norm, still on the device.
 fn train_step<B, M>(
     state: &mut TrainState<B, M>,
     batch: &Batch,
@@ -521,7 +519,12 @@ where
     }
     let grads = accumulator.grads();
     state.model = state.optimizer.step(lr, state.model.clone(), grads)?;
-    Ok(stats.unwrap_or_else(|| Tensor::zeros([3], &state.device)))
+    let stats = stats.unwrap_or_else(|| Tensor::zeros([3], &state.device));
+    // The norm rides in the step's one device read (identical on every rank: not reduced).
+    Ok(match state.optimizer.inner().grad_norm() {
+        Some(norm) => Tensor::cat(vec![stats, norm], 0),
+        None => stats,
+    })
 }
 
 /// Validation over this rank's shard, every image of the dataset counted exactly once across
