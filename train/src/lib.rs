@@ -15,6 +15,7 @@ pub mod datasets;
 pub mod elastic;
 mod error;
 pub mod metrics;
+pub mod mix;
 mod model;
 pub mod progress;
 pub mod resume;
@@ -31,7 +32,7 @@ pub use app::{
 pub use cli::{LrDecay, TrainArgs};
 pub use datasets::{Datasets, load_data};
 pub use error::TrainError;
-pub use metrics::{EpochMetrics, PhaseMetrics, batch_stats, per_sample_loss};
+pub use metrics::{EpochMetrics, PhaseMetrics, batch_stats, per_sample_loss, per_sample_soft_loss};
 pub use model::{ClassifierConfig, ResNetFamily};
 pub use schedule::LrSchedule;
 pub use trainer::{RunContext, RunSummary, evaluate, run};

@@ -28,6 +28,7 @@ use crate::datasets::{load_data, val_loader};
 use crate::metrics::{
     EpochMetrics, MetricSums, PhaseMetrics, batch_stats, per_sample_loss, read_stats,
 };
+use crate::mix::{BatchMixer, StepMixer, Targets};
 use crate::model::ClassifierConfig;
 use crate::progress::Progress;
 use crate::resume;
@@ -377,6 +378,7 @@ where
     // Since the last per-step log point: when it started, data wait, images.
     let mut interval = (Instant::now(), Duration::ZERO, 0.0f64);
     let mut lr = schedule.lr(epoch, 0);
+    let mixer = BatchMixer::from_args(args, ctx.dist.rank());
 
     for step in 0..steps {
         let wait = Instant::now();
@@ -387,7 +389,15 @@ where
         interval.1 += waited;
 
         lr = schedule.lr(epoch, step);
-        let stats = train_step(state, &batch, args.batch_size, args.label_smoothing, lr)?;
+        let mix = mixer.map(|m| m.at(epoch, step));
+        let stats = train_step(
+            state,
+            &batch,
+            args.batch_size,
+            args.label_smoothing,
+            lr,
+            mix,
+        )?;
         let local = MetricSums::from_stats(&read_stats(stats), batch.len());
         let global = MetricSums::from_array(&reduce_metrics(ctx.comm(), &local.to_array())?);
         if !global.mean_loss().is_finite() {
@@ -448,14 +458,16 @@ where
     Ok(metrics)
 }
 
-/// Forward and backward over the sub-batches of one loader batch, then one synchronised SGD
-/// step. Returns this rank's `[loss sum, top-1, top-5]` of the batch, still on the device.
+/// Forward and backward over the sub-batches of one loader batch (each mixed by `mix`, when on),
+/// then one synchronised SGD step. Returns this rank's `[loss sum, top-1, top-5]` of the batch,
+/// still on the device.
 fn train_step<B, M>(
     state: &mut TrainState<B, M>,
     batch: &Batch,
     sub_batch: usize,
     label_smoothing: f64,
     lr: f64,
+    mix: Option<StepMixer>,
 ) -> Result<Tensor<B::InnerBackend, 1>, TrainError>
 where
     B: AutodiffBackend,
@@ -475,11 +487,16 @@ where
         } else {
             (
                 images.clone().slice([range.clone()]),
-                labels.clone().slice([range]),
+                labels.clone().slice([range.clone()]),
             )
         };
+        let (x, targets) = match mix {
+            Some(mix) => mix.apply(s, x, y, &batch.labels[range]),
+            None => (x, Targets::Labels(y)),
+        };
         let logits = state.model.classify(x);
-        let loss = per_sample_loss(logits.clone(), y.clone(), label_smoothing);
+        let loss = targets.loss(logits.clone(), label_smoothing);
+        let y = targets.accuracy_labels();
         // Metrics from the untracked values: no autodiff graph, no device sync.
         let sums = batch_stats(logits.inner(), y.inner(), loss.clone().inner(), None);
         stats = Some(match stats {
