@@ -4,7 +4,9 @@
 //! a BatchNorm's `gamma`/`beta` are torch's `weight`/`bias` (torch also keeps an int64
 //! `num_batches_tracked`, which Burn's momentum-based BatchNorm has no use for: it is written as 0
 //! and ignored on load), and a `Linear` weight is stored `[in, out]` in Burn and `[out, in]` in torch.
-//! Everything else is the module path, which for our models is torchvision's already.
+//! Everything else is the module path, which for our models is torchvision's already. Values are
+//! copied as they are: our BatchNorm's `running_var` is torch's (the unbiased variance folded with
+//! `momentum`), so it is neither rescaled on load nor on export.
 //!
 //! Files saved from a model wrapped in PyTorch's `DistributedDataParallel` carry a `module.`
 //! prefix on every key; [`load`] accepts them as they are. Fine-tuning onto another class count

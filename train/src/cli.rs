@@ -372,6 +372,21 @@ pub struct TrainArgs {
     #[arg(long)]
     #[serde(default)]
     pub clip_grad_norm: Option<f64>,
+    // torchvision's recipe: batch mixing (Mixup and CutMix, see `crate::mix`).
+    /// Mixup's α (0 = off; the recipe uses 0.2): each batch of --batch-size is mixed with itself
+    /// rolled by one, λ ~ Beta(α, α), on the device after normalisation, and the loss takes the
+    /// mixed one-hot targets (label smoothing applied on top, as torchvision). With
+    /// --cutmix-alpha too, each batch gets one of the two with p = 0.5. Training accuracy is then
+    /// counted against the class the mixed target peaks at, as torchvision's reference does.
+    #[arg(long, default_value_t = 0.0)]
+    #[serde(default)]
+    pub mixup_alpha: f64,
+    /// CutMix's α (0 = off; the recipe uses 1.0): a box of area (1 − λ), λ ~ Beta(α, α), of
+    /// the batch rolled by one is pasted into each image, and the targets are mixed by the box's
+    /// real (clipped) area. See --mixup-alpha for the rest.
+    #[arg(long, default_value_t = 0.0)]
+    #[serde(default)]
+    pub cutmix_alpha: f64,
 }
 
 /// Horovod's learning-rate flags, refused together with torchvision's.
@@ -572,6 +587,7 @@ impl TrainArgs {
         if self.max_steps_per_epoch == Some(0) {
             return bad("max-steps-per-epoch", "must be at least 1");
         }
+        crate::mix::validate(self)?;
         if !self.checkpoint_format.contains("{epoch}") {
             return bad(
                 "checkpoint-format",

@@ -40,6 +40,34 @@ pub fn per_sample_loss<B: Backend>(
     nll.mul_scalar(1.0 - label_smoothing) + uniform.mul_scalar(label_smoothing)
 }
 
+/// Per-sample cross-entropy against probability targets (Mixup's and CutMix's soft labels), as
+/// torch's `F.cross_entropy(logits, targets, reduction="none", label_smoothing=α)`: the targets
+/// smoothed to `(1 − α)·t + α/K`, then `−Σ_c t_c·log p_c`. For one-hot targets it equals
+/// [`per_sample_loss`] of their labels.
+///
+/// # Shapes
+/// - `logits`, `targets`: `[n, classes]`
+/// - returns: `[n]`
+pub fn per_sample_soft_loss<B: Backend>(
+    logits: Tensor<B, 2>,
+    targets: Tensor<B, 2>,
+    label_smoothing: f64,
+) -> Tensor<B, 1> {
+    let [n, classes] = logits.dims();
+    let targets = if label_smoothing == 0.0 {
+        targets
+    } else {
+        targets
+            .mul_scalar(1.0 - label_smoothing)
+            .add_scalar(label_smoothing / classes as f64)
+    };
+    log_softmax(logits, 1)
+        .mul(targets)
+        .sum_dim(1)
+        .reshape([n])
+        .neg()
+}
+
 /// The device-side sums of one batch: `[loss sum, top-1 correct, top-5 correct]` over the
 /// samples whose `mask` is 1 (every sample when `mask` is `None`).
 ///

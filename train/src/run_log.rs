@@ -306,6 +306,13 @@ pub fn print_config_table(
     if let Some(init) = init {
         rows.insert(1, ("init", init));
     }
+    if let Some(mixing) = crate::mix::describe(a) {
+        let after_loss = rows
+            .iter()
+            .position(|(k, _)| *k == "loss")
+            .map_or(rows.len(), |i| i + 1);
+        rows.insert(after_loss, ("batch mixing", mixing));
+    }
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (key, value) in rows {
         println!("  {key:<width$}  {value}");

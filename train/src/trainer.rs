@@ -28,6 +28,7 @@ use crate::lr_plan::LrPlan;
 use crate::metrics::{
     EpochMetrics, MetricSums, PhaseMetrics, batch_stats, per_sample_loss, read_stats,
 };
+use crate::mix::{BatchMixer, StepMixer, Targets};
 use crate::model::ClassifierConfig;
 use crate::optim::{OptimizerSettings, TorchOptimizer};
 use crate::progress::Progress;
@@ -388,6 +389,7 @@ where
     let log_interval = args.print_freq.max(1);
     // `--clip-grad-norm`'s pre-clip norms since the last log point (sum, steps).
     let mut grad_norms = (0.0f64, 0usize);
+    let mixer = BatchMixer::from_args(args, ctx.dist.rank());
 
     for step in 0..steps {
         let wait = Instant::now();
@@ -398,7 +400,15 @@ where
         interval.1 += waited;
 
         lr = schedule.lr(epoch, step);
-        let stats = train_step(state, &batch, args.batch_size, args.label_smoothing, lr)?;
+        let mix = mixer.map(|m| m.at(epoch, step));
+        let stats = train_step(
+            state,
+            &batch,
+            args.batch_size,
+            args.label_smoothing,
+            lr,
+            mix,
+        )?;
         if let Some(ema) = state.ema.as_mut() {
             crate::ema::after_step(ema, &state.model, step, args.model_ema_steps, || {
                 schedule.in_warmup(epoch)
@@ -473,15 +483,16 @@ where
     Ok(metrics)
 }
 
-/// Forward and backward over the sub-batches of one loader batch, then one synchronised optimizer
-/// step. Returns this rank's `[loss sum, top-1, top-5]` of the batch, then with
-/// `--clip-grad-norm` the step's pre-clip gradient norm, still on the device.
+/// Forward and backward over the sub-batches of one loader batch (each mixed by `mix`, when on),
+/// then one synchronised optimizer step. Returns this rank's `[loss sum, top-1, top-5]` of the
+/// batch, then with `--clip-grad-norm` the step's pre-clip gradient norm, still on the device.
 fn train_step<B, M>(
     state: &mut TrainState<B, M>,
     batch: &Batch,
     sub_batch: usize,
     label_smoothing: f64,
     lr: f64,
+    mix: Option<StepMixer>,
 ) -> Result<Tensor<B::InnerBackend, 1>, TrainError>
 where
     B: AutodiffBackend,
@@ -501,11 +512,16 @@ where
         } else {
             (
                 images.clone().slice([range.clone()]),
-                labels.clone().slice([range]),
+                labels.clone().slice([range.clone()]),
             )
         };
+        let (x, targets) = match mix {
+            Some(mix) => mix.apply(s, x, y, &batch.labels[range]),
+            None => (x, Targets::Labels(y)),
+        };
         let logits = state.model.classify(x);
-        let loss = per_sample_loss(logits.clone(), y.clone(), label_smoothing);
+        let loss = targets.loss(logits.clone(), label_smoothing);
+        let y = targets.accuracy_labels();
         // Metrics from the untracked values: no autodiff graph, no device sync.
         let sums = batch_stats(logits.inner(), y.inner(), loss.clone().inner(), None);
         stats = Some(match stats {

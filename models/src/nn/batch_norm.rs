@@ -26,8 +26,11 @@ pub struct BatchNormConfig {
 
 /// Batch normalisation over dimension 1 (Ioffe & Szegedy 2015); build it with [`BatchNormConfig`].
 ///
-/// As Burn's: training (an autodiff backend) normalises with the batch's mean and biased variance
-/// and folds them into the running statistics with `momentum`; inference uses the running ones.
+/// Training (an autodiff backend) normalises with the batch's mean and biased variance, as Burn's
+/// and PyTorch's do, and folds the mean and the *unbiased* variance (`n/(n − 1)` times the biased
+/// one, `n = N·H·W`) into the running statistics with `momentum`, as PyTorch's `BatchNorm2d` does
+/// (Burn's folds the biased one); inference uses the running ones. The running variance is thus
+/// the same quantity as torchvision's `running_var`, and loads and exports unchanged.
 #[derive(Module, Debug)]
 pub struct BatchNorm<B: Backend> {
     /// Scale, `[C]`.
@@ -36,7 +39,7 @@ pub struct BatchNorm<B: Backend> {
     pub beta: Param<Tensor<B, 1>>,
     /// Running mean, `[C]`.
     pub running_mean: RunningState<Tensor<B, 1>>,
-    /// Running (biased) variance, `[C]`.
+    /// Running unbiased variance, `[C]` (PyTorch's `running_var`).
     pub running_var: RunningState<Tensor<B, 1>>,
     /// Weight of the newest batch in the running statistics.
     pub momentum: f64,
@@ -85,10 +88,12 @@ impl<B: Backend> BatchNorm<B> {
         };
         if training {
             let (mean, var) = reference::batch_stats(&input);
-            let channels = input.dims()[1];
+            let dims = input.dims();
+            let channels = dims[1];
             self.update_running(
                 mean.clone().reshape([channels]),
                 var.clone().reshape([channels]),
+                dims[0] * dims[2..].iter().product::<usize>(),
             );
             reference::normalize(
                 input,
@@ -119,9 +124,10 @@ impl<B: Backend> BatchNorm<B> {
     fn fused(&self, x: Tensor<B, 4>, training: bool) -> Result<Tensor<B, 4>, Tensor<B, 4>> {
         let (gamma, beta) = (self.gamma.val(), self.beta.val());
         if training {
+            let [n, _, h, w] = x.dims();
             let (y, mean, var) =
                 dispatch::train(x, gamma, beta, self.epsilon).map_err(|(x, _, _)| x)?;
-            self.update_running(mean, var);
+            self.update_running(mean, var, n * h * w);
             Ok(y)
         } else {
             let device = x.device();
@@ -131,9 +137,17 @@ impl<B: Backend> BatchNorm<B> {
         }
     }
 
-    /// `running ← (1 − momentum)·running + momentum·batch`, as Burn's.
-    fn update_running(&self, mean: Tensor<B, 1>, var: Tensor<B, 1>) {
+    /// `running ← (1 − momentum)·running + momentum·batch`, with the batch's biased variance
+    /// over `per_channel` values made unbiased first, as PyTorch's. A single value per channel
+    /// (which PyTorch refuses to train on) has no unbiased variance; its biased one (0) is folded.
+    fn update_running(&self, mean: Tensor<B, 1>, var: Tensor<B, 1>, per_channel: usize) {
         let momentum = self.momentum;
+        let var = if per_channel > 1 {
+            let n = per_channel as f64;
+            var.mul_scalar(n / (n - 1.0))
+        } else {
+            var
+        };
         let fold = |state: &RunningState<Tensor<B, 1>>, batch: Tensor<B, 1>| {
             let running = state.value_sync().to_device(&batch.device());
             let updated = running
