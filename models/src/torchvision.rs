@@ -105,6 +105,11 @@ pub fn state_dict_keys<B: Backend, M: Module<B>>(module: &M) -> Vec<String> {
 /// # Errors
 /// [`ModelError::Format`] if the tensors cannot be serialised.
 pub fn to_safetensors_bytes<B: Backend, M: Module<B>>(module: &M) -> Result<Vec<u8>, ModelError> {
+    // Burn keeps a running state's latest update per thread until something syncs it, and a
+    // visitor reads the synced value: without this, BatchNorm's running statistics would be
+    // exported one training step old. Clones share the states, so the clone's `into_record`
+    // syncs `module`'s.
+    let _ = module.clone().into_record();
     let mut exporter = Exporter {
         path: PathTracker::default(),
         tensors: BTreeMap::new(),

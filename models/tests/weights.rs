@@ -387,3 +387,34 @@ fn a_key_mismatch_lists_every_missing_and_unknown_key() {
         "{message}"
     );
 }
+
+#[test]
+fn export_right_after_a_training_step_holds_that_steps_running_statistics() {
+    use burn::backend::Autodiff;
+    type AB = Autodiff<Flex>;
+    let device = Default::default();
+    let model = ResNetConfig::resnet18(4).init::<AB>(&device);
+    let images = Tensor::<AB, 4>::random([2, 3, 32, 32], Distribution::Default, &device);
+    // Two training-mode passes: Burn keeps the latest running statistics per thread until a
+    // sync, so an export that skips the sync shows the first pass's values.
+    for _ in 0..2 {
+        let _ = model.classify(images.clone());
+    }
+    let read = |bytes: &[u8]| -> Vec<f32> {
+        let file = SafeTensors::deserialize(bytes).expect("parse");
+        let view = file.tensor("bn1.running_mean").expect("bn1.running_mean");
+        view.data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect()
+    };
+    let exported = read(&torchvision::to_safetensors_bytes(&model).expect("export"));
+    let synced: Vec<f32> = model
+        .bn1
+        .running_mean
+        .value_sync()
+        .into_data()
+        .to_vec()
+        .expect("f32");
+    assert_eq!(exported, synced);
+}

@@ -7,8 +7,8 @@ use clap::{Parser, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 pub use crate::lr_plan::{LrScheduler, WarmupMethod};
-pub use crate::torchvision_flags::Recipe;
 pub use crate::optim::OptimizerKind;
+pub use crate::torchvision_flags::Recipe;
 
 /// How to treat an image file that cannot be decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]

@@ -486,7 +486,7 @@ where
 /// Forward and backward over the sub-batches of one loader batch (each mixed by `mix`, when on),
 /// then one synchronised optimizer step. Returns this rank's `[loss sum, top-1, top-5]` of the
 /// batch, then with `--clip-grad-norm` the step's pre-clip gradient norm, still on the device.
-fn train_step<B, M>(
+pub fn train_step<B, M>(
     state: &mut TrainState<B, M>,
     batch: &Batch,
     sub_batch: usize,
