@@ -22,8 +22,8 @@ use burn::tensor::activation::relu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_dist::{
-    CommBackend, Compression, DistOptions, DistributedConfig, DistributedOptimizer, Rendezvous,
-    SyncConfig, World, broadcast_parameters,
+    Compression, DistOptions, DistributedConfig, DistributedOptimizer, SyncConfig, World,
+    broadcast_parameters,
 };
 use burn_flex::Flex;
 use models::nn::{Conv2d, Conv2dConfig};
@@ -174,26 +174,8 @@ where
     flatten(&model)
 }
 
-/// A world of `n` ranks on 127.0.0.1 with a port and job token of its own.
-fn world(rank: usize, n: usize, port: u16, token: &str) -> World {
-    World {
-        rank,
-        world_size: n,
-        local_rank: rank,
-        local_world_size: n,
-        master_addr: "127.0.0.1".into(),
-        master_port: port,
-        job_token: token.into(),
-        rendezvous: Rendezvous::OwnStore,
-    }
-}
-
 fn options() -> DistOptions {
-    DistOptions {
-        backend: CommBackend::Ring,
-        timeout: Duration::from_secs(60),
-        force_backend: false,
-    }
+    common::ring_options(Duration::from_secs(60))
 }
 
 /// World 2 (one thread per rank, real ring) and world 1 on the same samples, every model built
@@ -230,7 +212,7 @@ where
         let ranks = models.into_iter().enumerate().map(|(rank, model)| {
             let token = &token;
             s.spawn(move || {
-                let dist = burn_dist::init(&world(rank, 2, port, token), &options())
+                let dist = burn_dist::init(&common::local_world(rank, 2, port, token), &options())
                     .expect("join the world of 2");
                 train(
                     model,

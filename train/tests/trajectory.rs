@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use burn::backend::Autodiff;
 use burn_dist::{
-    CommBackend, Dist, DistOptions, DistributedConfig, DistributedOptimizer, Rendezvous, World,
-    average_buffers, broadcast_parameters, reduce_metrics,
+    Dist, DistOptions, DistributedConfig, DistributedOptimizer, World, average_buffers,
+    broadcast_parameters, reduce_metrics,
 };
 use burn_flex::Flex;
 use clap::Parser;
@@ -278,11 +278,7 @@ fn train_rank(dist: &Dist, start: ResNet<B>, lrs: &[f64]) -> (Vec<f64>, ResNet<B
 }
 
 fn options() -> DistOptions {
-    DistOptions {
-        backend: CommBackend::Ring,
-        timeout: Duration::from_secs(120),
-        force_backend: false,
-    }
+    common::ring_options(Duration::from_secs(120))
 }
 
 /// The run at `world` ranks (one thread each, over the real TCP ring on 127.0.0.1): rank 0's
@@ -301,20 +297,9 @@ fn run_world(world: usize, dir: &Path, lrs: &[f64]) -> (Vec<f64>, ResNet<B>) {
                 // A model per rank, not clones of one: clones share BatchNorm's running state.
                 let start = start_model(dir);
                 s.spawn(move || {
-                    let dist = burn_dist::init(
-                        &World {
-                            rank,
-                            world_size: world,
-                            local_rank: rank,
-                            local_world_size: world,
-                            master_addr: "127.0.0.1".into(),
-                            master_port: port,
-                            job_token: token.clone(),
-                            rendezvous: Rendezvous::OwnStore,
-                        },
-                        &options(),
-                    )
-                    .expect("join the world");
+                    let dist =
+                        burn_dist::init(&common::local_world(rank, world, port, token), &options())
+                            .expect("join the world");
                     train_rank(&dist, start, lrs)
                 })
             })

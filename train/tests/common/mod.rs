@@ -258,3 +258,27 @@ pub fn photo_folder(root: &Path) -> PathBuf {
     }
     root.to_path_buf()
 }
+
+/// Rank `rank` of a world of `n` on 127.0.0.1 with its own port and job token: tests that run one
+/// thread per rank over the real TCP ring.
+pub fn local_world(rank: usize, n: usize, port: u16, token: &str) -> burn_dist::World {
+    burn_dist::World {
+        rank,
+        world_size: n,
+        local_rank: rank,
+        local_world_size: n,
+        master_addr: "127.0.0.1".into(),
+        master_port: port,
+        job_token: token.into(),
+        rendezvous: burn_dist::Rendezvous::OwnStore,
+    }
+}
+
+/// The TCP ring, every collective bounded by `timeout`.
+pub fn ring_options(timeout: Duration) -> burn_dist::DistOptions {
+    burn_dist::DistOptions {
+        backend: burn_dist::CommBackend::Ring,
+        timeout,
+        force_backend: false,
+    }
+}
