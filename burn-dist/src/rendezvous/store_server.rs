@@ -248,7 +248,9 @@ fn handle_conn(mut stream: TcpStream, token: &str, shared: &Shared, ticket: u64)
         stream: &stream,
         deadline: Instant::now() + wire::HANDSHAKE_TIMEOUT,
     };
-    let checked = wire::server_handshake(&mut timed, ConnKind::Store, token);
+    let checked = wire::server_handshake_admitted(&mut timed, ConnKind::Store, token, || {
+        shared.pending.done(ticket)
+    });
     shared.pending.done(ticket);
     let rank = match checked {
         Ok(r) => r,

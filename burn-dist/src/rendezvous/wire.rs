@@ -131,10 +131,13 @@ impl Pending {
         (ticket, evicted)
     }
 
-    /// The handshake of `ticket` ended.
-    pub(crate) fn done(&self, ticket: u64) {
+    /// The handshake of `ticket` ended; `false` when its connection had been closed to make room
+    /// already. Calling it again is harmless.
+    pub(crate) fn done(&self, ticket: u64) -> bool {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let before = open.len();
         open.retain(|(t, _)| *t != ticket);
+        open.len() < before
     }
 
     #[cfg(test)]
@@ -258,6 +261,20 @@ pub(crate) fn server_handshake(
     kind: ConnKind,
     token: &str,
 ) -> Result<usize, String> {
+    server_handshake_admitted(s, kind, token, || true)
+}
+
+/// [`server_handshake`] for a connection registered in [`Pending`]: `leave_pending` (its
+/// [`Pending::done`]) runs before the server's proof is sent and aborts the handshake when the
+/// connection was closed to make room already. Leaving afterwards would let a flood close a
+/// connection whose client already holds the proof and takes it as set up: its first request
+/// would then fail instead of its handshake, which the client retries.
+pub(crate) fn server_handshake_admitted(
+    s: &mut (impl Read + Write),
+    kind: ConnKind,
+    token: &str,
+    leave_pending: impl FnOnce() -> bool,
+) -> Result<usize, String> {
     let hello = read_frame(s, MAX_HANDSHAKE).map_err(|e| format!("no valid handshake ({e})"))?;
     if hello.len() != 11 + NONCE || &hello[..4] != MAGIC {
         // Not ours: an older burn-dist gets told, anything else gets nothing useful back.
@@ -295,6 +312,11 @@ pub(crate) fn server_handshake(
         return Err(refuse(
             s,
             format!("unknown job token from a peer claiming rank {rank}"),
+        ));
+    }
+    if !leave_pending() {
+        return Err(format!(
+            "rank {rank}'s connection was closed to make room for newer ones in their handshake"
         ));
     }
     let mut ok = vec![HS_OK];
@@ -401,6 +423,7 @@ pub(crate) fn pretend_server(
 mod tests {
     use super::*;
     use std::net::TcpListener;
+    use std::sync::Arc;
 
     /// A listener on 127.0.0.1 and a connected pair (client, server side).
     fn pair() -> (TcpStream, TcpStream) {
@@ -496,8 +519,36 @@ mod tests {
         // The evicted connection is closed: its client reads the end of the stream.
         let mut b = [0u8; 1];
         assert_eq!(c1.read(&mut b).expect("read"), 0);
-        pending.done(t1);
+        assert!(!pending.done(t1), "t1 was closed to make room");
         assert_eq!(pending.len(), 2);
+    }
+
+    /// A flood may close a connection between the client's proof and the server's: the server
+    /// must then not send its proof, so that the client's handshake fails (and is retried)
+    /// rather than its first request.
+    #[test]
+    fn a_connection_closed_to_make_room_gets_no_proof() {
+        let pending = Arc::new(Pending::new(1));
+        let (mut c, s) = pair();
+        let (ticket, _) = pending.admit(&s);
+        let server = {
+            let pending = Arc::clone(&pending);
+            std::thread::spawn(move || {
+                let mut s = s;
+                server_handshake_admitted(&mut s, ConnKind::Store, "secret", || {
+                    // The newer connection arrives just before the server's proof.
+                    let (_c2, s2) = pair();
+                    pending.admit(&s2);
+                    pending.done(ticket)
+                })
+            })
+        };
+        match client_handshake(&mut c, ConnKind::Store, 3, "secret") {
+            Err(HandshakeError::Io(_)) => {}
+            other => panic!("expected the handshake to fail as a retryable error, got {other:?}"),
+        }
+        let e = server.join().expect("join").expect_err("closed");
+        assert!(e.contains("rank 3") && e.contains("make room"), "{e}");
     }
 
     #[test]

@@ -228,7 +228,12 @@ impl TcpRing {
                                         stream: &s,
                                         deadline: Instant::now() + wire::HANDSHAKE_TIMEOUT,
                                     };
-                                    wire::server_handshake(&mut timed, ConnKind::Ring, &token)
+                                    wire::server_handshake_admitted(
+                                        &mut timed,
+                                        ConnKind::Ring,
+                                        &token,
+                                        || pending.done(ticket),
+                                    )
                                 });
                             pending.done(ticket);
                             // The ring may be connected already; then nobody listens.
