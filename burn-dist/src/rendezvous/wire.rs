@@ -256,6 +256,8 @@ pub(crate) fn client_handshake(
 
 /// The server's side of the handshake; returns the client's rank, or why it was refused (the
 /// client is told too when it speaks the protocol). The caller sets the stream's timeouts.
+/// (The listeners use [`server_handshake_admitted`]; the tests play a server with this one.)
+#[cfg(test)]
 pub(crate) fn server_handshake(
     s: &mut (impl Read + Write),
     kind: ConnKind,
