@@ -259,6 +259,14 @@ impl Loader {
     ///
     /// Dropping the iterator early stops the background thread after the batch in progress.
     pub fn epoch(&mut self, epoch: u64) -> EpochIter {
+        self.epoch_from(epoch, 0)
+    }
+
+    /// [`Loader::epoch`] from batch `first_batch` on, as if the earlier ones had been taken: a
+    /// run resumed in the middle of an epoch gets the batches, samples and augmentations an
+    /// uninterrupted one would have got next (each is a function of the seed, the epoch and the
+    /// sample), without decoding the skipped ones.
+    pub fn epoch_from(&mut self, epoch: u64, first_batch: usize) -> EpochIter {
         self.sampler.set_epoch(epoch);
         let positions = Arc::new(self.sampler.indices());
         let (tx, rx) = bounded(self.config.prefetch.max(1));
@@ -276,7 +284,7 @@ impl Loader {
             .name("data-prefetch".into())
             .spawn(move || {
                 let n = job.positions.len();
-                let mut start = 0;
+                let mut start = first_batch.saturating_mul(job.config.batch_size).min(n);
                 while start < n {
                     let end = (start + job.config.batch_size).min(n);
                     let batch = pool.install(|| job.build(start, end));

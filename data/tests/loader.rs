@@ -47,6 +47,24 @@ fn batches_do_not_depend_on_worker_count() {
 }
 
 #[test]
+fn an_epoch_started_at_a_batch_continues_as_the_whole_epoch_would() {
+    let (_dir, f) = folder(&["a", "b", "c"], 7);
+    let s = DistributedSampler::new(f.len(), 2, 1)
+        .expect("sampler")
+        .with_seed(9);
+    let cfg = LoaderConfig::train(24, 4).with_workers(2).with_seed(5);
+    let mut l = Loader::new(f.clone(), s, cfg).expect("loader");
+    let whole = collect(&mut l, 2);
+    // Another epoch in between: the resumed epoch must not depend on what ran before.
+    collect(&mut l, 1);
+    for first in 0..=whole.len() {
+        let rest: Vec<_> = l.epoch_from(2, first).map(|b| b.expect("batch")).collect();
+        assert_eq!(rest, whole[first..], "from batch {first}");
+    }
+    assert_eq!(l.epoch_from(2, whole.len() + 5).count(), 0);
+}
+
+#[test]
 fn labels_follow_the_folder_and_the_sampler_order() {
     let (_dir, f) = folder(&["a", "b"], 5);
     let s = DistributedSampler::new(f.len(), 1, 0)
