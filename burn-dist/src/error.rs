@@ -302,6 +302,17 @@ pub enum DistError {
         #[source]
         source: Option<std::io::Error>,
     },
+    /// The launcher got a signal (Ctrl-C, SIGTERM from a scheduler) and passed it to the workers.
+    #[error("launcher: interrupted by signal {signal}; {}", match exit_code {
+        Some(code) => format!("every rank exited with code {code}, which the launcher exits with"),
+        None => "stopped all ranks".to_string(),
+    })]
+    Interrupted {
+        /// The first signal the launcher got.
+        signal: i32,
+        /// The exit code every rank exited with, when they all agree (75: saved and stopped).
+        exit_code: Option<i32>,
+    },
     /// A worker exited with failure.
     #[error(
         "rank {rank} (pid {pid}) exited with {status}; root cause: {cause}; the other ranks were stopped"

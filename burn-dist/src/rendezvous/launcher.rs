@@ -1,6 +1,6 @@
 //! The launcher: re-executes the current binary once per local rank with torchrun's environment,
-//! prefixes the workers' output with their rank, forwards Ctrl-C/SIGTERM, and stops everyone as
-//! soon as one worker fails.
+//! prefixes the workers' output with their rank, forwards Ctrl-C, SIGTERM, SIGHUP and SIGUSR1/2
+//! (a second request stops at once), and stops everyone as soon as one worker fails.
 
 use crate::error::{DistError, Result};
 use crate::rendezvous::world::{DEFAULT_MASTER_PORT, JOB_TOKEN_ENV, QUIET_ENV, World};
@@ -11,8 +11,17 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-/// How long workers get to exit after SIGTERM before SIGKILL.
+/// How long workers get to exit after the launcher's own SIGTERM (a rank failed) before SIGKILL.
 const GRACE: Duration = Duration::from_secs(5);
+/// How long workers get after a forwarded SIGTERM/SIGINT/SIGHUP before SIGKILL, unless
+/// [`STOP_GRACE_ENV`] says otherwise: time to reach a step boundary and save (torchrun's agent
+/// and SLURM's default `KillWait` give 30 s too).
+const STOP_GRACE: Duration = Duration::from_secs(30);
+/// Seconds the workers get after a forwarded stop signal (default 30).
+pub const STOP_GRACE_ENV: &str = "BURN_DIST_STOP_GRACE_S";
+/// A signal this soon after the first is the same request (SLURM signals every process of a
+/// step, the launcher too); a later one means "stop now".
+const SAME_REQUEST: Duration = Duration::from_secs(2);
 /// When a worker fails, how long the others may take to notice, report what they saw (their error
 /// files name the root cause) and exit by themselves, before they get SIGTERM.
 const REPORT_GRACE: Duration = Duration::from_secs(3);
@@ -139,8 +148,25 @@ extern "C" fn on_signal(sig: libc::c_int) {
     SIGNAL.store(sig, Ordering::SeqCst);
 }
 
+/// Signals that stop the job; SIGUSR1/SIGUSR2 are only passed on (a worker may save on them).
+const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+fn stop_grace() -> Duration {
+    std::env::var(STOP_GRACE_ENV)
+        .ok()
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map_or(STOP_GRACE, Duration::from_secs_f64)
+}
+
 fn install_signal_handlers() {
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+    for sig in [
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+    ] {
         let handler: extern "C" fn(libc::c_int) = on_signal;
         // SAFETY: the handler only stores into an atomic, which is async-signal-safe; `signal`
         // is called with a valid signal number and a valid function pointer.
@@ -409,6 +435,9 @@ fn supervise(
     mut failure: Option<DistError>,
 ) -> Result<()> {
     let mut running: Vec<bool> = vec![true; children.len()];
+    let mut exit_codes: Vec<Option<i32>> = vec![None; children.len()];
+    // The first signal the launcher got, and when.
+    let mut signalled: Option<(libc::c_int, Instant)> = None;
     let mut stop_deadline: Option<Instant> = None;
     let mut killed = false;
     // When to send SIGTERM: at once for a launcher failure, after REPORT_GRACE for a worker's.
@@ -422,6 +451,7 @@ fn supervise(
                 Ok(Some(status)) => {
                     running[i] = false;
                     statuses[i] = Some(describe(status));
+                    exit_codes[i] = status.code();
                     if !status.success() && failure.is_none() {
                         failure = Some(DistError::WorkerFailed {
                             rank: *rank,
@@ -429,7 +459,11 @@ fn supervise(
                             status: describe(status),
                             cause: format!("see rank {rank}'s output above"),
                         });
-                        term_at = Some(Instant::now() + REPORT_GRACE);
+                        // After a forwarded signal the others are stopping already (maybe
+                        // saving): the stop deadline bounds them.
+                        if signalled.is_none() {
+                            term_at = Some(Instant::now() + REPORT_GRACE);
+                        }
                     }
                 }
                 Ok(None) => {}
@@ -446,15 +480,21 @@ fn supervise(
             break;
         }
         let sig = SIGNAL.swap(0, Ordering::SeqCst);
-        if sig != 0 {
-            terminate(children, &running, sig);
-            if failure.is_none() {
-                failure = Some(DistError::Launch {
-                    detail: format!("interrupted by signal {sig}; stopped all ranks"),
-                    source: None,
-                });
+        match (sig, signalled) {
+            (0, _) => {}
+            (_, None) => {
+                signalled = Some((sig, Instant::now()));
+                terminate(children, &running, sig);
+                if STOP_SIGNALS.contains(&sig) {
+                    stop_deadline.get_or_insert(Instant::now() + stop_grace());
+                }
             }
-            stop_deadline.get_or_insert(Instant::now() + GRACE);
+            // A second request: stop now, without waiting for a checkpoint.
+            (_, Some((_, first))) if first.elapsed() >= SAME_REQUEST && !killed => {
+                terminate(children, &running, libc::SIGKILL);
+                killed = true;
+            }
+            _ => {}
         }
         if term_at.is_some_and(|t| Instant::now() >= t) {
             term_at = None;
@@ -469,6 +509,26 @@ fn supervise(
             killed = true;
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+    if let Some((signal, _)) = signalled {
+        // Every rank exited with the same code after the signal (say, "saved, run me again"):
+        // the launcher exits with it too, so a requeue script or torchrun sees what the ranks said.
+        let same_code = exit_codes
+            .first()
+            .copied()
+            .flatten()
+            .filter(|c| exit_codes.iter().all(|e| *e == Some(*c)));
+        if same_code == Some(0) {
+            // The job had finished its work when the signal came.
+            return Ok(());
+        }
+        // A forwarded SIGUSR1 that killed a rank is that rank's failure, named below.
+        if same_code.is_some() || STOP_SIGNALS.contains(&signal) {
+            return Err(DistError::Interrupted {
+                signal,
+                exit_code: same_code,
+            });
+        }
     }
     match failure {
         Some(e) => Err(e),
