@@ -271,7 +271,7 @@ fn multiarch() -> String {
 
 /// The folders to search, in order: `LD_LIBRARY_PATH`, the ld cache, `CUDA_HOME`/`CUDA_PATH`,
 /// `/usr/local/cuda*`, the Python environment's NVIDIA wheels (`VIRTUAL_ENV`, `CONDA_PREFIX`, the
-/// user site), Debian's multiarch folder and `/usr/lib64`. `root` is `/` except in tests; `stubs`
+/// `python3` on `PATH`, the user site), Debian's multiarch folder and `/usr/lib64`. `root` is `/` except in tests; `stubs`
 /// folders are never searched; only folders that exist are kept.
 pub fn search_places(
     env: &dyn Fn(&str) -> Option<OsString>,
@@ -315,6 +315,18 @@ pub fn search_places(
             places.extend(wheel_folders(&prefix));
             if var == "CONDA_PREFIX" {
                 places.push(prefix.join("lib"));
+            }
+        }
+    }
+    // A Python environment used without `activate` (or a container image that only puts its
+    // venv's `bin` on PATH) sets no VIRTUAL_ENV: the `python3` on PATH names it instead.
+    if let Some(paths) = env("PATH") {
+        for bin in std::env::split_paths(&paths) {
+            if bin.file_name() == Some(OsStr::new("bin"))
+                && bin.join("python3").exists()
+                && let Some(prefix) = bin.parent()
+            {
+                places.extend(wheel_folders(prefix));
             }
         }
     }

@@ -219,6 +219,35 @@ fn conda_and_the_user_site_are_searched() {
 /// cuDNN 9's shim without its sub-libraries aborts the process in `cudnnCreate`: such a folder
 /// is not "found", and the error says why.
 #[test]
+fn the_python_on_path_is_searched_without_virtual_env() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let root = root.path();
+    touch(root, "opt/torch/.venv/bin/python3");
+    let nccl = touch(
+        root,
+        "opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2",
+    );
+    // CUDA 13's wheels put NVRTC under nvidia/cu13/lib.
+    let nvrtc = touch(
+        root,
+        "opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib/libnvrtc.so.13",
+    );
+    // A bin folder without python3 is not a Python environment.
+    touch(root, "tools/bin/tool");
+    touch(
+        root,
+        "tools/lib/python3.12/site-packages/nvidia/cudnn/lib/libcudnn.so.9",
+    );
+    let path = std::env::join_paths([root.join("tools/bin"), root.join("opt/torch/.venv/bin")])
+        .expect("PATH");
+    let env = env_of(&[("PATH", Path::new(&path))]);
+    let libs = find_in(&search_places(&env, &[], root));
+    assert_eq!(libs.get(CudaLibrary::Nccl).map(|f| &f.path), Some(&nccl));
+    assert_eq!(libs.get(CudaLibrary::Nvrtc).map(|f| &f.path), Some(&nvrtc));
+    assert!(libs.get(CudaLibrary::Cudnn).is_none());
+}
+
+#[test]
 fn a_cudnn_folder_without_its_sub_libraries_is_not_ready() {
     let root = tempfile::tempdir().expect("tempdir");
     let root = root.path();
