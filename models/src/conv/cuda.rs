@@ -140,11 +140,42 @@ fn in_precision(t: CubeTensor<CudaRuntime>, p: &Problem) -> CubeTensor<CudaRunti
     }
 }
 
+/// How a pass's activations (x, y, dx, dy) are handed to cuDNN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Packing {
+    /// As cubecl lays them out, pitched rows described by their strides (no copy).
+    AsTheyLie,
+    /// Packed NCHW: a copy of each input, a packed output.
+    Packed,
+}
+
+/// After a failure with pitched operands, the same pass once more with packed ones: cuDNN 9.14
+/// on an H200 found no backward-data algorithm for some row-padded dx/dy (cubecl pads W = 7, 14,
+/// 28, 56 rows) that it had for their packed twins. Only a failure of the packed pass too turns
+/// cuDNN off.
+fn retry_packed(
+    first: cudnn::CudnnFailure,
+    attempt: impl Fn(Packing) -> Result<CubeTensor<CudaRuntime>, cudnn::CudnnFailure>,
+) -> Result<CubeTensor<CudaRuntime>, cudnn::CudnnFailure> {
+    attempt(Packing::Packed).map_err(|again| {
+        cudnn::CudnnFailure(format!(
+            "{} (with packed operands too: {})",
+            first.0, again.0
+        ))
+    })
+}
+
 /// x or dy as cuDNN reads it, in the problem's precision: as it lies when cuDNN can describe its
-/// strides (pitched rows included: no copy), else a packed copy.
-fn activation(t: CubeTensor<CudaRuntime>, p: &Problem) -> Result<Operand, cudnn::CudnnFailure> {
+/// strides (pitched rows included: no copy) and `packing` allows, else a packed copy.
+fn activation(
+    t: CubeTensor<CudaRuntime>,
+    p: &Problem,
+    packing: Packing,
+) -> Result<Operand, cudnn::CudnnFailure> {
     let t = in_precision(t, p);
-    if let Ok(layout) = layout_of(&t) {
+    if let Ok(layout) = layout_of(&t)
+        && (packing == Packing::AsTheyLie || layout.is_packed())
+    {
         return Ok(Operand { tensor: t, layout });
     }
     let tensor = contiguous(t);
@@ -173,13 +204,23 @@ fn dtype_of(p: &Problem) -> FloatDType {
     }
 }
 
-/// A fresh y or dx, as cubecl lays it out (pitched rows), described with its real strides.
+/// A fresh y or dx on `like`'s device: as cubecl lays it out (pitched rows, described with its
+/// real strides), or packed.
 fn fresh_activation(
     shape: [usize; 4],
-    device: &<CudaRuntime as cubecl::Runtime>::Device,
+    like: &CubeTensor<CudaRuntime>,
     p: &Problem,
+    packing: Packing,
 ) -> Result<Operand, cudnn::CudnnFailure> {
-    let tensor = CudaRaw::float_empty(Shape::new(shape), device, dtype_of(p));
+    let tensor = match packing {
+        Packing::AsTheyLie => CudaRaw::float_empty(Shape::new(shape), &like.device, dtype_of(p)),
+        Packing::Packed => burn_cubecl::ops::numeric::empty_device_contiguous_dtype(
+            like.client.clone(),
+            like.device.clone(),
+            Shape::new(shape),
+            dtype_of(p).into(),
+        ),
+    };
     let layout = layout_of(&tensor).map_err(refused("the output"))?;
     Ok(Operand { tensor, layout })
 }
@@ -268,17 +309,18 @@ fn forward<B: CubeAccess>(
     };
     let device = B::float_device(&x);
     let (x, w) = (B::into_cube(x), B::into_cube(weight));
-    let ran = (|| -> Result<CubeTensor<CudaRuntime>, cudnn::CudnnFailure> {
-        let y = fresh_activation(p.y, &x.device, &p)?;
+    let attempt = |packed: Packing| -> Result<CubeTensor<CudaRuntime>, cudnn::CudnnFailure> {
+        let y = fresh_activation(p.y, &x, &p, packed)?;
         run_pass(
             Pass::Forward,
             &p,
-            &activation(x.clone(), &p)?,
+            &activation(x.clone(), &p, packed)?,
             &filter(w.clone(), &p)?,
             &y,
         )?;
         Ok(y.tensor)
-    })();
+    };
+    let ran = attempt(Packing::AsTheyLie).or_else(|e| retry_packed(e, attempt));
     let y = match ran {
         Ok(y) => to_f32(y, &p),
         Err(e) => {
@@ -337,19 +379,26 @@ fn gradient<B: CubeAccess>(
         B::into_cube(weight),
         B::into_cube(output_grad),
     );
-    let ran = (|| -> Result<CubeTensor<CudaRuntime>, cudnn::CudnnFailure> {
-        let dy_operand = activation(dy.clone(), &p)?;
+    let attempt = |packed: Packing| -> Result<CubeTensor<CudaRuntime>, cudnn::CudnnFailure> {
+        let dy_operand = activation(dy.clone(), &p, packed)?;
         // cuDNN writes the gradient where that pass's output tensor (dx or dw) goes.
         if pass == Pass::InputGrad {
-            let dx = fresh_activation(p.x, &x.device, &p)?;
+            let dx = fresh_activation(p.x, &x, &p, packed)?;
             run_pass(pass, &p, &dx, &filter(w.clone(), &p)?, &dy_operand)?;
             Ok(dx.tensor)
         } else {
             let dw = fresh_filter(p.w, &w, &p)?;
-            run_pass(pass, &p, &activation(x.clone(), &p)?, &dw, &dy_operand)?;
+            run_pass(
+                pass,
+                &p,
+                &activation(x.clone(), &p, packed)?,
+                &dw,
+                &dy_operand,
+            )?;
             Ok(dw.tensor)
         }
-    })();
+    };
+    let ran = attempt(Packing::AsTheyLie).or_else(|e| retry_packed(e, attempt));
     let grad = match ran {
         Ok(grad) => to_f32(grad, &p),
         Err(e) => {

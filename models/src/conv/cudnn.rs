@@ -384,7 +384,9 @@ pub(crate) unsafe fn run(
         let (algo, bytes) = match state.algos.get(&key) {
             Some(choice) => *choice,
             None => {
-                let choice = choose(state.handle, pass, &d)?;
+                let choice = choose(state.handle, pass, &d).map_err(|e| {
+                    CudnnFailure(format!("{} for {problem:?} laid out as {layouts:?}", e.0))
+                })?;
                 state.algos.insert(key, choice);
                 choice
             }
