@@ -184,13 +184,24 @@ pub fn main_with<C: ClassifierConfig>(
     }
     match try_main(make, &libs) {
         Ok(()) => ExitCode::SUCCESS,
+        // Not a failure: torchrun's error file stays empty, and the exit code tells a requeue
+        // script that the job saved and wants to go on.
+        Err(error @ TrainError::Preempted { .. }) => {
+            eprintln!("{error}");
+            ExitCode::from(crate::preemption::PREEMPTED_EXIT_CODE)
+        }
+        // The launcher's ranks all exited with one code after a signal: pass it on.
+        Err(
+            error @ TrainError::Dist(burn_dist::DistError::Interrupted {
+                exit_code: Some(code),
+                ..
+            }),
+        ) => {
+            eprintln!("{error}");
+            ExitCode::from(u8::try_from(code).unwrap_or(1))
+        }
         Err(error) => {
-            let mut message = format!("error: {error}");
-            let mut source = std::error::Error::source(&error);
-            while let Some(cause) = source {
-                message.push_str(&format!(": {cause}"));
-                source = cause.source();
-            }
+            let message = format!("error: {}", error_chain(&error));
             eprintln!("{message}");
             if let Err(e) = crate::elastic::record_failure(&error, &message) {
                 eprintln!("could not write torchrun's error file: {e}");
@@ -198,6 +209,22 @@ pub fn main_with<C: ClassifierConfig>(
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, each said once: a message that already quotes its cause (as
+/// "cannot write checkpoint ...: No space left on device (os error 28)" does) is not followed by
+/// it again.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(&format!(": {text}"));
+        }
+        source = cause.source();
+    }
+    message
 }
 
 fn try_main<C: ClassifierConfig>(
@@ -396,6 +423,29 @@ pub fn resnet_from_args(args: &TrainArgs) -> Result<crate::ResNetFamily, Invalid
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_error_chain_says_each_cause_once() {
+        let full = crate::checkpoint::CheckpointError::Io {
+            op: "write",
+            path: "/full/checkpoint-3.ckpt".into(),
+            source: std::io::Error::from_raw_os_error(28),
+        };
+        let message = super::error_chain(&full);
+        assert_eq!(message.matches("os error 28").count(), 1, "{message}");
+        assert!(message.contains("/full/checkpoint-3.ckpt"), "{message}");
+        // A cause the message does not quote is still added.
+        let wrapped = crate::error::TrainError::Checkpoint(full);
+        assert_eq!(
+            super::error_chain(&wrapped).matches("os error 28").count(),
+            1
+        );
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer")]
+        struct Outer(#[source] std::io::Error);
+        let outer = Outer(std::io::Error::other("inner cause"));
+        assert_eq!(super::error_chain(&outer), "outer: inner cause");
+    }
+
     use super::*;
 
     fn tiny() -> SyntheticConfig {

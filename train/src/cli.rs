@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+use crate::preemption::{CheckpointEvery, SaveSignal};
+
 pub use crate::lr_plan::{LrScheduler, WarmupMethod};
 pub use crate::optim::OptimizerKind;
 pub use crate::torchvision_flags::Recipe;
@@ -387,6 +389,19 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0.0)]
     #[serde(default)]
     pub cutmix_alpha: f64,
+    // Preemption (`crate::preemption`).
+    /// Also checkpoint in the middle of epochs: every N optimizer steps (500), or when this much
+    /// time has passed since the last checkpoint (90s, 30m, 2h). A run resumes from the newest
+    /// checkpoint at the exact batch it stopped at. --keep-checkpoints counts these too; without
+    /// it, a mid-epoch checkpoint is removed once two newer ones exist.
+    #[arg(long)]
+    #[serde(default)]
+    pub checkpoint_every: Option<CheckpointEvery>,
+    /// Besides SIGTERM, this signal too makes every rank save a checkpoint at the next step and
+    /// exit with code 75: USR1 for SLURM's --signal=USR1@120.
+    #[arg(long, value_enum)]
+    #[serde(default)]
+    pub save_on_signal: Option<SaveSignal>,
 }
 
 /// Horovod's learning-rate flags, refused together with torchvision's.
@@ -594,6 +609,16 @@ impl TrainArgs {
                 "must contain {epoch}, e.g. ./checkpoint-{epoch}.ckpt",
             );
         }
+        let in_file_name = Path::new(&self.checkpoint_format)
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().contains("{epoch}"));
+        if self.checkpoint_every.is_some() && !in_file_name {
+            return bad(
+                "checkpoint-every",
+                "needs {epoch} in the file name of --checkpoint-format (not in a folder), e.g. \
+                 ./checkpoints/ckpt-{epoch}.ckpt, so that mid-epoch checkpoints can be found",
+            );
+        }
         self.validate_torchvision()?;
         crate::optim::settings::validate(self)
     }
@@ -748,6 +773,8 @@ pub(crate) mod tests {
             "norm_weight_decay",
             "bias_weight_decay",
             "clip_grad_norm",
+            "checkpoint_every",
+            "save_on_signal",
         ] {
             object.remove(new).expect(new);
         }

@@ -90,6 +90,18 @@ pub enum TrainError {
         /// The cause.
         source: std::io::Error,
     },
+    /// A stop signal (SIGTERM, `--save-on-signal`): every rank saved at the same step and stops;
+    /// the binary exits with [`crate::preemption::PREEMPTED_EXIT_CODE`].
+    #[error(
+        "stopped by a signal after writing {checkpoint}; run the same command again to resume \
+         from it (rank {rank})"
+    )]
+    Preempted {
+        /// This rank.
+        rank: usize,
+        /// The checkpoint written (by rank 0).
+        checkpoint: std::path::PathBuf,
+    },
     /// The loss became NaN or infinite.
     #[error(
         "the training loss is {value} at epoch {epoch}, step {step}; lower --base-lr or check the data"

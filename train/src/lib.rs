@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod mix;
 mod model;
 pub mod optim;
+pub mod preemption;
 pub mod progress;
 pub mod resume;
 pub mod run_log;

@@ -12,6 +12,7 @@ use crate::TrainError;
 use crate::checkpoint::{self, Checkpoint};
 use crate::cli::{LrDecay, LrScheduler, TrainArgs, expand_home};
 use crate::metrics::EpochMetrics;
+use crate::preemption::MidEpoch;
 use crate::trainer::RunContext;
 use crate::weights;
 
@@ -70,6 +71,8 @@ const NOT_COMPARED: &[&str] = &[
     "device",
     "use_deterministic_algorithms",
     "use_v2",
+    "checkpoint_every",
+    "save_on_signal",
 ];
 
 /// A setting that differs between a checkpoint and this run.
@@ -103,15 +106,26 @@ pub fn changed_settings(
             affects_lr,
         });
     };
+    let global = |a: &TrainArgs, world: usize| a.batch_size * a.batches_per_allreduce * world;
+    // The peak LR: torchvision's `--lr` is the total; Horovod's `--base-lr` is per batch of
+    // `--batch-size` and grows with the world and `--batches-per-allreduce`.
+    let peak = |a: &TrainArgs, world: usize| {
+        a.lr.unwrap_or(a.base_lr * (world * a.batches_per_allreduce) as f64)
+    };
+    // 8 GPUs, or 4 GPUs × --batches-per-allreduce 2: the same global batch at the same peak LR
+    // is the same optimisation, regrouped (only a Horovod warmup starts elsewhere).
+    let regrouped = global(saved, saved_world) == global(args, world)
+        && (peak(saved, saved_world) - peak(args, world)).abs()
+            <= 1e-9 * peak(saved, saved_world).abs();
+    const REGROUPING: [&str; 3] = ["batch_size", "batches_per_allreduce", "base_lr"];
     if saved_world != world {
         push(
             "world size",
             saved_world.to_string(),
             world.to_string(),
-            true,
+            !regrouped,
         );
     }
-    let global = |a: &TrainArgs, world: usize| a.batch_size * a.batches_per_allreduce * world;
     if global(saved, saved_world) != global(args, world) {
         push(
             "global batch",
@@ -154,7 +168,8 @@ pub fn changed_settings(
                 &format!("--{}", key.replace('_', "-")),
                 show(then),
                 show(now),
-                LR_SETTINGS.contains(&key.as_str()),
+                LR_SETTINGS.contains(&key.as_str())
+                    && !(regrouped && REGROUPING.contains(&key.as_str())),
             );
         }
     }
@@ -191,6 +206,8 @@ pub struct Start<M, O> {
     /// `--model-ema` resumed from the checkpoint (rank 0): the averaged weights and their update
     /// count.
     pub ema: Option<(M, u64)>,
+    /// Resumed from a mid-epoch checkpoint: where in epoch `resumed_from` (every rank).
+    pub mid_epoch: Option<MidEpoch>,
 }
 
 /// Decides, on rank 0, where training starts: the newest valid checkpoint (refused when its
@@ -222,11 +239,16 @@ where
             resumed_from: 0,
             history: Vec::new(),
             ema: None,
+            mid_epoch: None,
         })
     };
     let verdict = agree(ctx, outcome.as_ref().map(|s| s.resumed_from as i64))?;
     let mut start = outcome?;
     start.resumed_from = verdict as usize;
+    // Every rank starts the epoch at the same batch.
+    let mut position = start.mid_epoch.map_or([0.0; 9], |m| m.to_array());
+    ctx.comm().broadcast_slice(&mut position, 0)?;
+    start.mid_epoch = MidEpoch::from_array(&position);
     Ok(start)
 }
 
@@ -334,11 +356,21 @@ where
             }
             (false, _) => None,
         };
-        println!(
-            "resuming from {} ({} epochs done)",
-            found.path.display(),
-            found.header.epoch
-        );
+        match found.header.mid_epoch {
+            None => println!(
+                "resuming from {} ({} epochs done)",
+                found.path.display(),
+                found.header.epoch
+            ),
+            Some(at) => println!(
+                "resuming from {} (epoch {}, step {}: {} epochs and {} steps done)",
+                found.path.display(),
+                found.header.epoch + 1,
+                at.step,
+                found.header.epoch,
+                at.step
+            ),
+        }
         if !changes.is_empty() {
             let all: Vec<&Changed> = changes.iter().collect();
             println!(
@@ -361,6 +393,7 @@ where
             model,
             optimizer,
             resumed_from: found.header.epoch,
+            mid_epoch: found.header.mid_epoch,
             history: found.header.history,
             ema,
         });
@@ -382,6 +415,7 @@ where
         resumed_from: 0,
         history: Vec::new(),
         ema: None,
+        mid_epoch: None,
     })
 }
 
@@ -504,6 +538,48 @@ mod tests {
                 ("global batch", "64", "128", true),
             ]
         );
+    }
+
+    #[test]
+    fn the_same_global_batch_and_peak_lr_on_another_world_is_no_lr_change() {
+        // 8 processes → 4 × --batches-per-allreduce 2: reported, not refused.
+        let saved = args(&["--batch-size", "32"]);
+        let now = args(&["--batch-size", "32", "--batches-per-allreduce", "2"]);
+        let changes = changed_settings(&saved, 8, &now, 4);
+        let seen: Vec<(&str, bool)> = changes
+            .iter()
+            .map(|c| (c.setting.as_str(), c.affects_lr))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![("world size", false), ("--batches-per-allreduce", false)]
+        );
+        // torchvision's --lr is the total: the same on any world.
+        let saved = args(&["--lr", "0.5", "--batch-size", "64"]);
+        let now = args(&["--lr", "0.5", "--batch-size", "128"]);
+        assert!(
+            changed_settings(&saved, 8, &now, 4)
+                .iter()
+                .all(|c| !c.affects_lr)
+        );
+        // Another global batch, or another peak LR, is refused.
+        let more = args(&["--batch-size", "32", "--batches-per-allreduce", "4"]);
+        assert!(
+            changed_settings(&saved_horovod(), 8, &more, 4)
+                .iter()
+                .any(|c| c.affects_lr)
+        );
+        let hotter = args(&["--batch-size", "64", "--base-lr", "0.0125"]);
+        let changes = changed_settings(&args(&["--batch-size", "32"]), 8, &hotter, 4);
+        assert!(
+            changes
+                .iter()
+                .any(|c| c.setting == "world size" && c.affects_lr)
+        );
+    }
+
+    fn saved_horovod() -> TrainArgs {
+        args(&["--batch-size", "32"])
     }
 
     #[test]

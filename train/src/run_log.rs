@@ -126,10 +126,11 @@ impl RunLog {
         Ok(())
     }
 
-    /// Starts the logs of a run that begins after `resumed_from` completed epochs.
+    /// Starts the logs of a run that begins after `resumed_from` completed epochs and
+    /// `steps_done` optimizer steps in all (those of a partly trained epoch included).
     ///
     /// The new event file first gets TensorBoard's restart marker at the run's first step (0 on
-    /// a fresh start, the resumed epoch's first step otherwise), so TensorBoard hides the events
+    /// a fresh start, the first step not done otherwise), so TensorBoard hides the events
     /// of earlier files in this directory at that step or later: those of an interrupted epoch,
     /// or of an older run the fresh start replaces. Then, on resume, `metrics.jsonl` loses the
     /// lines of later epochs (logged before the crash, trained again now) and regains, from the
@@ -142,11 +143,11 @@ impl RunLog {
         &mut self,
         history: &[EpochMetrics],
         resumed_from: usize,
-        steps_per_epoch: usize,
+        steps_done: usize,
     ) -> Result<(), TrainError> {
-        let first_step = match resumed_from {
+        let first_step = match steps_done {
             0 => 0,
-            n => (n * steps_per_epoch + 1) as i64,
+            n => (n + 1) as i64,
         };
         let error = self.event_error();
         self.writer.add_session_start(first_step).map_err(error)?;

@@ -20,7 +20,8 @@ use data::{Batch, ImageFolder, Loader};
 use models::ImageClassifier;
 
 use crate::TrainError;
-use crate::checkpoint::{self, CheckpointHeader};
+use crate::checkpoint::writer::BackgroundWriter;
+use crate::checkpoint::{self, Position};
 use crate::cli::{TrainArgs, expand_home};
 use crate::datasets::{load_data, val_loader};
 use crate::ema::ModelEma;
@@ -31,6 +32,7 @@ use crate::metrics::{
 use crate::mix::{BatchMixer, StepMixer, Targets};
 use crate::model::ClassifierConfig;
 use crate::optim::{OptimizerSettings, TorchOptimizer};
+use crate::preemption::{self, MidEpoch, SampleTrace, StepCheckpoints, VERDICT_SLOTS};
 use crate::progress::Progress;
 use crate::resume;
 use crate::run_log::{RunLog, print_config_table};
@@ -64,7 +66,7 @@ pub struct RunContext {
 }
 
 impl RunContext {
-    fn is_main(&self) -> bool {
+    pub(crate) fn is_main(&self) -> bool {
         self.dist.is_main()
     }
 
@@ -129,7 +131,9 @@ where
         mut state,
         resumed_from,
         mut history,
+        mid_epoch,
     } = start_training::<B, C>(ctx, config, datasets.num_classes, device)?;
+    preemption::install_stop_signals(args.save_on_signal);
     let mut log = if ctx.is_main() {
         let params = models::num_trainable_params(&state.model) as f64 / 1e6;
         print_config_table(
@@ -140,7 +144,10 @@ where
             &schedule,
         );
         let mut log = RunLog::new(&expand_home(&args.log_dir))?;
-        log.start(&history, resumed_from, steps_per_epoch)?;
+        let global_batch = args.batch_size * args.batches_per_allreduce * ctx.dist.world_size();
+        let steps_done =
+            resumed_from * steps_per_epoch + mid_epoch.map_or(0, |m| m.samples / global_batch);
+        log.start(&history, resumed_from, steps_done)?;
         if resumed_from >= args.epochs {
             println!(
                 "all {} epochs are done (checkpoint {} exists); pass more --epochs or another \
@@ -158,16 +165,46 @@ where
         resumed_from,
         ..RunSummary::default()
     };
+    let mut step_checkpoints = StepCheckpoints::new(args.checkpoint_every, ctx.is_main());
+    let mut from = mid_epoch;
     for epoch in resumed_from..args.epochs {
-        let train = train_one_epoch(
+        let mut save_mid_epoch = |state: &mut TrainState<B, C::Model<B>>,
+                                  at: MidEpoch,
+                                  writer: &mut BackgroundWriter| {
+            checkpoint::training::save_mid_epoch(ctx, state, &history, at, writer)
+        };
+        let train = match train_one_epoch(
             ctx,
             &mut state,
             &mut datasets.train,
             &schedule,
-            epoch,
-            steps_per_epoch,
+            EpochPlan {
+                epoch,
+                steps: steps_per_epoch,
+                from: from.take(),
+            },
             log.as_mut(),
-        )?;
+            &mut step_checkpoints,
+            &mut save_mid_epoch,
+        )? {
+            EpochEnd::Done(metrics) => metrics,
+            EpochEnd::Stopped(at) => {
+                // Nobody exits before rank 0's file is written: a launcher, torchrun or SLURM
+                // may stop the whole job as soon as one process is gone.
+                step_checkpoints.writer().finish()?;
+                reduce_metrics(ctx.comm(), &[0.0])?;
+                return Err(TrainError::Preempted {
+                    rank: ctx.dist.rank(),
+                    checkpoint: checkpoint::path_at(
+                        args,
+                        Position {
+                            epochs: epoch,
+                            steps: at.step,
+                        },
+                    ),
+                });
+            }
+        };
         // BN running statistics differ per rank; validation and checkpoints use their average.
         state.model = average_buffers::<B, _>(ctx.comm(), state.model.clone())?;
         let val = evaluate::<B, C::Model<B>>(
@@ -189,11 +226,29 @@ where
             // Checkpoint first, then log: a crash in between loses no epoch (resume restores its
             // line from the checkpoint) and duplicates none.
             history.push(metrics.clone());
-            save_checkpoint(args, ctx.dist.world_size(), &state, &history)?;
+            let writer = step_checkpoints.writer();
+            checkpoint::training::save(
+                args,
+                ctx.dist.world_size(),
+                &state,
+                &history,
+                None,
+                writer,
+            )?;
+            let waited = writer.take_waited();
+            if !waited.is_zero() {
+                println!(
+                    "steps waited {:.2} s in epoch {} for checkpoint writes still in flight",
+                    waited.as_secs_f64(),
+                    epoch + 1
+                );
+            }
             log.epoch(&metrics)?;
         }
+        step_checkpoints.saved();
         summary.epochs.push(metrics);
     }
+    step_checkpoints.writer().finish()?;
     if ctx.is_main() {
         let path = args.export_path();
         if !summary.epochs.is_empty() || !path.exists() {
@@ -216,6 +271,8 @@ struct Started<B: AutodiffBackend, M: AutodiffModule<B>> {
     resumed_from: usize,
     /// Their figures (rank 0).
     history: Vec<EpochMetrics>,
+    /// Resumed from a mid-epoch checkpoint: where in epoch `resumed_from` (every rank).
+    mid_epoch: Option<MidEpoch>,
 }
 
 /// The model and optimizer every rank starts the epochs with: built by `config`, resumed or
@@ -264,50 +321,8 @@ where
         },
         resumed_from: start.resumed_from,
         history: start.history,
+        mid_epoch: start.mid_epoch,
     })
-}
-
-/// Writes the checkpoint of the epoch `history` ends with, reads it back, and only then prunes
-/// older ones (`--keep-checkpoints`), so that a bad write never costs the fallback.
-fn save_checkpoint<B, M>(
-    args: &TrainArgs,
-    world_size: usize,
-    state: &TrainState<B, M>,
-    history: &[EpochMetrics],
-) -> Result<(), TrainError>
-where
-    B: AutodiffBackend,
-    B::InnerBackend: CollectiveBackend,
-    M: AutodiffModule<B>,
-{
-    let epoch = history.last().map_or(0, |m| m.epoch);
-    let header = CheckpointHeader {
-        epoch,
-        args: args.clone(),
-        world_size,
-        data_seed: args.seed,
-        model_fingerprint: checkpoint::model_fingerprint(&state.model),
-        sections: Vec::new(),
-        history: history.to_vec(),
-        ema_n_averaged: state.ema.as_ref().map(|ema| ema.n_averaged),
-    };
-    let path = args.checkpoint_path(epoch);
-    checkpoint::save(
-        &path,
-        header,
-        &state.model,
-        state.optimizer.inner(),
-        state.ema.as_ref().map(|ema| &ema.model),
-    )?;
-    match checkpoint::read(&path) {
-        Ok(_) => {
-            for removed in checkpoint::prune(args, epoch) {
-                println!("removed old checkpoint {}", removed.display());
-            }
-        }
-        Err(error) => println!("warning: {error} right after writing it; older checkpoints kept"),
-    }
-    Ok(())
 }
 
 /// `--test-only`: the validation set once, with `--weights` or the newest valid checkpoint.
@@ -353,36 +368,73 @@ where
     pub ema: Option<ModelEma<M::InnerModule>>,
 }
 
+/// Which epoch [`train_one_epoch`] trains, how many steps it has, and where a resumed one starts.
+#[derive(Debug, Clone, Copy)]
+pub struct EpochPlan {
+    /// 0-based epoch.
+    pub epoch: usize,
+    /// Optimizer steps in the epoch.
+    pub steps: usize,
+    /// Resumed from a mid-epoch checkpoint: its position and the epoch's figures so far.
+    pub from: Option<MidEpoch>,
+}
+
+/// Writes a mid-epoch checkpoint of the state at a position, on the writer (every rank calls it
+/// at the same step).
+pub type SaveMidEpoch<'a, B, M> = dyn FnMut(&mut TrainState<B, M>, MidEpoch, &mut BackgroundWriter) -> Result<(), TrainError>
+    + 'a;
+
+/// How [`train_one_epoch`] ended.
+#[derive(Debug, Clone)]
+pub enum EpochEnd {
+    /// Every step ran: the epoch's training figures.
+    Done(PhaseMetrics),
+    /// A stop signal: a checkpoint of this position was written, the run stops.
+    Stopped(MidEpoch),
+}
+
 /// One pass over this rank's shard: per loader batch, forward/backward over sub-batches of
 /// `--batch-size` (loss divided by their count), one averaged gradient all-reduce and optimizer step,
-/// one read of the step's device-side metric sums and one fused metrics all-reduce.
+/// one read of the step's device-side metric sums and one fused metrics all-reduce. That
+/// all-reduce also carries the votes for a mid-epoch checkpoint (`step_checkpoints`), which
+/// `save_mid_epoch` writes on every rank's same step.
 ///
 /// # Errors
-/// [`TrainError`] from the data, the collectives, the logs, or a non-finite loss.
+/// [`TrainError`] from the data, the collectives, the logs, a checkpoint, or a non-finite loss.
+#[allow(clippy::too_many_arguments)]
 pub fn train_one_epoch<B, M>(
     ctx: &RunContext,
     state: &mut TrainState<B, M>,
     loader: &mut Loader,
     schedule: &LrPlan,
-    epoch: usize,
-    steps: usize,
+    plan: EpochPlan,
     mut log: Option<&mut RunLog>,
-) -> Result<PhaseMetrics, TrainError>
+    step_checkpoints: &mut StepCheckpoints,
+    save_mid_epoch: &mut SaveMidEpoch<'_, B, M>,
+) -> Result<EpochEnd, TrainError>
 where
     B: AutodiffBackend,
     B::InnerBackend: CollectiveBackend,
     M: ImageClassifier<B> + AutodiffModule<B>,
 {
     let args = &ctx.args;
+    let EpochPlan { epoch, steps, from } = plan;
     let mut progress = Progress::new(
         ctx.is_main() && ctx.show_progress,
         format!("Train Epoch     #{}", epoch + 1),
         steps,
     );
-    let mut totals = MetricSums::default();
-    let mut batches = loader.epoch(epoch as u64);
-    let started = Instant::now();
-    let mut data_wait = Duration::ZERO;
+    let global_batch = args.batch_size * args.batches_per_allreduce * ctx.dist.world_size();
+    // Counted in samples: a run regrouped onto another world (the same global batch, see
+    // `resume::changed_settings`) starts at the same sample of the epoch.
+    let first_step = from.map_or(0, |m| (m.samples / global_batch.max(1)).min(steps));
+    let mut totals = from.map_or_else(MetricSums::default, |m| m.totals);
+    let mut batches = loader.epoch_from(epoch as u64, first_step);
+    let mut trace = SampleTrace::from_env(ctx.dist.rank());
+    // A resumed epoch's img/s and data share count the time before the stop too.
+    let before = from.map_or(Duration::ZERO, |m| Duration::from_secs_f64(m.elapsed_s));
+    let started = Instant::now() - before;
+    let mut data_wait = from.map_or(Duration::ZERO, |m| Duration::from_secs_f64(m.data_wait_s));
     // Since the last per-step log point: when it started, data wait, images.
     let mut interval = (Instant::now(), Duration::ZERO, 0.0f64);
     let mut lr = schedule.lr(epoch, 0);
@@ -391,10 +443,13 @@ where
     let mut grad_norms = (0.0f64, 0usize);
     let mixer = BatchMixer::from_args(args, ctx.dist.rank());
 
-    for step in 0..steps {
+    for step in first_step..steps {
         let wait = Instant::now();
         let Some(batch) = batches.next() else { break };
         let batch = batch?;
+        if let Some(trace) = trace.as_mut() {
+            trace.record(epoch, step, &batch.indices);
+        }
         let waited = wait.elapsed();
         data_wait += waited;
         interval.1 += waited;
@@ -419,7 +474,17 @@ where
             grad_norms = (grad_norms.0 + norm, grad_norms.1 + 1);
         }
         let local = MetricSums::from_stats(&stats, batch.len());
-        let global = MetricSums::from_array(&reduce_metrics(ctx.comm(), &local.to_array())?);
+        let mut sums = local.to_array().to_vec();
+        sums.extend(step_checkpoints.votes());
+        let sums = reduce_metrics(ctx.comm(), &sums)?;
+        // A checkpoint write that failed in the background stops the run here, naming the file.
+        step_checkpoints.writer().check()?;
+        let global = MetricSums::from_array(&sums[..sums.len() - VERDICT_SLOTS]);
+        let verdict = step_checkpoints.verdict(
+            &sums[sums.len() - VERDICT_SLOTS..],
+            epoch * steps + step + 1,
+            step + 1 == steps,
+        );
         if !global.mean_loss().is_finite() {
             return Err(TrainError::Diverged {
                 epoch: epoch + 1,
@@ -466,6 +531,21 @@ where
             interval = (Instant::now(), Duration::ZERO, 0.0);
             grad_norms = (0.0, 0);
         }
+        if verdict.save {
+            let at = MidEpoch {
+                step: step + 1,
+                samples: (step + 1) * global_batch,
+                totals,
+                elapsed_s: started.elapsed().as_secs_f64(),
+                data_wait_s: data_wait.as_secs_f64(),
+            };
+            save_mid_epoch(state, at, step_checkpoints.writer())?;
+            step_checkpoints.saved();
+            if verdict.stop {
+                progress.finish("stopped by a signal; checkpoint written");
+                return Ok(EpochEnd::Stopped(at));
+            }
+        }
     }
     let skipped = batches.skipped();
     let elapsed = started.elapsed().as_secs_f64();
@@ -480,7 +560,7 @@ where
         100.0 * data_wait.as_secs_f64() / elapsed.max(1e-9),
         skipped_note(skipped)
     ));
-    Ok(metrics)
+    Ok(EpochEnd::Done(metrics))
 }
 
 /// Forward and backward over the sub-batches of one loader batch (each mixed by `mix`, when on),

@@ -325,6 +325,7 @@ fn adamw_and_rmsprop_state_survive_a_checkpoint() {
             sections: Vec::new(),
             history: Vec::new(),
             ema_n_averaged: None,
+            mid_epoch: None,
         };
         checkpoint::save(&path, header, &model, &optimizer, None).expect("save");
         let read = checkpoint::read(&path).expect("read");

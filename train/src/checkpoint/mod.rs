@@ -1,6 +1,7 @@
-//! Checkpoints: written by rank 0 after every epoch to a temp file, fsynced, renamed, so that a
-//! crash never leaves a damaged newest file; every section carries a CRC32C so that resume can
-//! tell a damaged file from a good one and fall back to the previous epoch.
+//! Checkpoints: written by rank 0 after every epoch (and, with `--checkpoint-every` or on a stop
+//! signal, in the middle of one) to a temp file, fsynced, renamed, so that a crash never leaves a
+//! damaged newest file; every section carries a CRC32C so that resume can tell a damaged file from
+//! a good one and fall back to the previous one. Their names and which one resumes: [`files`].
 //!
 //! Layout: `BURNCKPT` magic, u32 format version, u64 header length, the JSON header
 //! ([`CheckpointHeader`]), u32 CRC32C of the header, then the sections the header lists (model
@@ -19,6 +20,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::cli::TrainArgs;
 use crate::metrics::EpochMetrics;
+use crate::preemption::MidEpoch;
+
+mod files;
+pub mod training;
+pub mod writer;
+
+pub use files::{Position, ResumeScan, path_at, prune, scan_for_resume};
 
 const MAGIC: &[u8; 8] = b"BURNCKPT";
 /// 2: the optimizer section is `train::optim::TorchOptimizer`'s record. 1 (still read): it was
@@ -40,6 +48,12 @@ pub enum CheckpointError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The checkpoint-writing thread panicked or could not be started.
+    #[error(
+        "the checkpoint-writing thread failed (see the panic above, or the system is out of \
+         threads); the last checkpoint on disk is intact"
+    )]
+    WriterGone,
     /// The file is not a checkpoint, is truncated, or a checksum does not match.
     #[error("checkpoint {path} is damaged: {what}")]
     Damaged {
@@ -111,6 +125,20 @@ pub struct CheckpointHeader {
     /// present exactly when the file has an `ema` section.
     #[serde(default)]
     pub ema_n_averaged: Option<u64>,
+    /// A checkpoint written in the middle of epoch `epoch` (0-based: `epoch` epochs are done):
+    /// where, and the epoch's figures so far. `None` at the end of an epoch.
+    #[serde(default)]
+    pub mid_epoch: Option<MidEpoch>,
+}
+
+impl CheckpointHeader {
+    /// Where in training the checkpoint stands.
+    pub fn position(&self) -> Position {
+        Position {
+            epochs: self.epoch,
+            steps: self.mid_epoch.map_or(0, |m| m.step),
+        }
+    }
 }
 
 /// A checkpoint read from disk and checked, not yet decoded into a model.
@@ -149,6 +177,53 @@ where
     M: Module<B> + burn::module::AutodiffModule<B>,
     O: Optimizer<M, B>,
 {
+    encode(path, header, model, optimizer, ema)?.write()
+}
+
+/// A checkpoint in host memory, ready to be written (on another thread, see [`writer`]).
+pub struct Encoded {
+    path: PathBuf,
+    header: CheckpointHeader,
+    sections: Vec<(&'static str, Vec<u8>)>,
+}
+
+impl Encoded {
+    /// The file it goes to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes it atomically (see [`save`]).
+    ///
+    /// # Errors
+    /// [`CheckpointError`] naming the file.
+    pub fn write(self) -> Result<(), CheckpointError> {
+        let sections: Vec<(&str, &[u8])> = self
+            .sections
+            .iter()
+            .map(|(name, bytes)| (*name, bytes.as_slice()))
+            .collect();
+        write_sections(&self.path, self.header, &sections)
+    }
+}
+
+/// Copies the model, the optimizer state and the EMA to host memory as the file's sections: the
+/// part of a checkpoint that must happen at the step boundary.
+///
+/// # Errors
+/// [`CheckpointError::Record`] when Burn cannot encode a record.
+pub fn encode<B, M, O>(
+    path: &Path,
+    header: CheckpointHeader,
+    model: &M,
+    optimizer: &O,
+    ema: Option<&M::InnerModule>,
+) -> Result<Encoded, CheckpointError>
+where
+    B: AutodiffBackend,
+    M: Module<B> + burn::module::AutodiffModule<B>,
+    O: Optimizer<M, B>,
+{
     let record_error = |section, reason: String| CheckpointError::Record {
         path: path.to_path_buf(),
         op: "encode",
@@ -159,20 +234,18 @@ where
         .map_err(|e| record_error("model", e.to_string()))?;
     let optimizer_bytes = Recorder::<B>::record(&Bytes::default(), optimizer.to_record(), ())
         .map_err(|e| record_error("optimizer", e.to_string()))?;
-    let ema_bytes = ema
-        .map(|ema| {
+    let mut sections = vec![("model", model_bytes), ("optimizer", optimizer_bytes)];
+    if let Some(ema) = ema {
+        let bytes =
             Recorder::<B::InnerBackend>::record(&Bytes::default(), ema.clone().into_record(), ())
-                .map_err(|e| record_error("ema", e.to_string()))
-        })
-        .transpose()?;
-    let mut sections = vec![
-        ("model", model_bytes.as_slice()),
-        ("optimizer", optimizer_bytes.as_slice()),
-    ];
-    if let Some(bytes) = &ema_bytes {
-        sections.push(("ema", bytes.as_slice()));
+                .map_err(|e| record_error("ema", e.to_string()))?;
+        sections.push(("ema", bytes));
     }
-    write_sections(path, header, &sections)
+    Ok(Encoded {
+        path: path.to_path_buf(),
+        header,
+        sections,
+    })
 }
 
 #[cfg(test)]
@@ -429,58 +502,6 @@ impl Checkpoint {
     }
 }
 
-/// What resume found: the newest checkpoint that reads back intact, and the damaged ones newer
-/// than it (reported, then skipped).
-#[derive(Debug, Default)]
-pub struct ResumeScan {
-    /// The checkpoint to resume from, if any.
-    pub newest_valid: Option<Checkpoint>,
-    /// Newer files that failed to read, with the reason.
-    pub damaged: Vec<CheckpointError>,
-}
-
-/// Looks for `checkpoint_format` files for epochs `epochs..=1`, newest first, as Horovod's example,
-/// but takes the newest that is valid rather than the newest that exists.
-pub fn scan_for_resume(args: &TrainArgs) -> ResumeScan {
-    let mut scan = ResumeScan::default();
-    for epoch in (1..=args.epochs).rev() {
-        let path = args.checkpoint_path(epoch);
-        if !path.exists() {
-            continue;
-        }
-        match read(&path) {
-            Ok(checkpoint) if checkpoint.header.epoch == epoch => {
-                scan.newest_valid = Some(checkpoint);
-                break;
-            }
-            Ok(checkpoint) => scan.damaged.push(CheckpointError::Damaged {
-                path,
-                what: format!(
-                    "says epoch {} but is named for epoch {epoch}",
-                    checkpoint.header.epoch
-                ),
-            }),
-            Err(error) => scan.damaged.push(error),
-        }
-    }
-    scan
-}
-
-/// Deletes checkpoints older than the newest `keep` (`--keep-checkpoints`).
-pub fn prune(args: &TrainArgs, newest_epoch: usize) -> Vec<PathBuf> {
-    let Some(keep) = args.keep_checkpoints else {
-        return Vec::new();
-    };
-    let mut removed = Vec::new();
-    for epoch in (1..=newest_epoch.saturating_sub(keep)).rev() {
-        let path = args.checkpoint_path(epoch);
-        if path.exists() && std::fs::remove_file(&path).is_ok() {
-            removed.push(path);
-        }
-    }
-    removed
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -496,6 +517,7 @@ mod tests {
             sections: Vec::new(),
             history: Vec::new(),
             ema_n_averaged: None,
+            mid_epoch: None,
         }
     }
 
@@ -567,29 +589,5 @@ mod tests {
         let old: CheckpointHeader = serde_json::from_value(json).expect("old header reads");
         assert!(old.ema_n_averaged.is_none());
         assert!(read(&path).expect("reads").ema_n_averaged().is_none());
-    }
-
-    #[test]
-    fn resume_skips_a_damaged_newest_file() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let format = dir.path().join("ckpt-{epoch}.ckpt");
-        let mut args = TrainArgs::parse_from(["train", "--epochs", "5"]);
-        args.checkpoint_format = format.to_string_lossy().into_owned();
-        for epoch in 1..=3 {
-            write_file(&args.checkpoint_path(epoch), header(epoch), b"m", b"o").expect("write");
-        }
-        let newest = args.checkpoint_path(3);
-        let bytes = std::fs::read(&newest).expect("read");
-        std::fs::write(&newest, &bytes[..bytes.len() / 2]).expect("truncate");
-
-        let scan = scan_for_resume(&args);
-        assert_eq!(scan.newest_valid.as_ref().map(|c| c.header.epoch), Some(2));
-        assert_eq!(scan.damaged.len(), 1);
-        assert!(scan.damaged[0].to_string().contains("ckpt-3.ckpt"));
-
-        args.keep_checkpoints = Some(2);
-        let removed = prune(&args, 3);
-        assert_eq!(removed, vec![args.checkpoint_path(1)]);
-        assert!(newest.exists() && args.checkpoint_path(2).exists());
     }
 }
