@@ -4,24 +4,30 @@
 #   bash scripts/gpu-check.sh stage   here: build the release binaries with CUDA, strip and xz them,
 #                                     check that what travels stays under 64 MiB, stage them in
 #                                     .gpu-stage/ (with the PyTorch comparison script)
-#   bash scripts/gpu-check.sh run     on the GPU machine (carry .gpu-stage): every check below, each
+#   bash scripts/gpu-check.sh run [G] on the GPU machine (carry .gpu-stage): the checks of group G
+#                                     below (default all), each
 #                                     bounded in time, a log and a table to $OUT
 #   bash scripts/gpu-check.sh         both; without a GPU the run half says so and exits 0
 #
 # On the GPU machine, from the repository root with .gpu-stage copied there:
-#   bash scripts/gpu-check.sh run
-# Not part of the tests or CI. The rows' limits sum to 480 s (one H200, CUBECL_AUTOTUNE_LEVEL=minimal,
-# compiled kernels and autotune results cached under ~/.cache/burn-horovod/cubecl), in order of
-# what they prove:
+#   bash scripts/gpu-check.sh run [numerics|train|speed|all]
+# Not part of the tests or CI. Each group fits one 10-minute call on one H200 (limits measured
+# on the first run, 2026-12-04: a cold process compiles 200-330 kernels, 0.1-0.5 s each);
+# compiled kernels and autotune results are cached under ~/.cache/burn-horovod/cubecl, and
+# CUBECL_AUTOTUNE_LEVEL=minimal. Every group starts with
 #   0. `train --check-env`: driver, GPUs, libraries (found where pip, the toolkit or the
 #      distribution put them), what a run uses.
+# numerics (560 s):
 #   1. NCCL contents at world size 1 through our communicator (store, unique id, non-blocking init,
 #      device pointers at offsets, f32/f16/bf16, deadline, broken state); then under
 #      compute-sanitizer memcheck when the tool is there (NCCL's deliberate failing API probes are
 #      not errors: --report-api-errors no).
 #   2. CUDA-vs-CPU numerics of ResNet-18: cuDNN f32, Burn's conv (TF32 bounds), cuDNN bf16.
+# train (580 s):
 #   3. The real `train` loop: the data pipeline, NCCL forced at world size 1, two short epochs
-#      with validation and checkpoints (written under /tmp).
+#      with validation, mid-epoch and epoch checkpoints (written under /tmp), a resumed third
+#      epoch, and torchvision's recipe (augmentations, Mixup/CutMix, AdamW, EMA).
+# speed (570 s):
 #   4. Throughput: train_step ResNet-50 at batch 64 (cuDNN fp32 and bf16, Burn's conv), then
 #      PyTorch on the same card.
 set -euo pipefail
@@ -111,33 +117,53 @@ run_checks() {
     local ckpt
     ckpt=$(mktemp -d /tmp/gpu-check-ckpt.XXXXXX)
 
-    # 1. NCCL contents through our communicator.
-    LIMIT_S=60 row "NCCL at world size 1 (nccl_check)" "$bin/nccl_check"
-    if command -v compute-sanitizer >/dev/null 2>&1; then
-        LIMIT_S=60 row "nccl_check under compute-sanitizer memcheck" \
-            compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 7 \
-            "$bin/nccl_check" --quick
-    else
-        echo "| compute-sanitizer | not on this machine | |" >> "$table"
+    local group=${1:-all}
+    if [ "$group" = all ] || [ "$group" = numerics ]; then
+        # 1. NCCL contents through our communicator.
+        LIMIT_S=60 row "NCCL at world size 1 (nccl_check)" "$bin/nccl_check"
+        if command -v compute-sanitizer >/dev/null 2>&1; then
+            LIMIT_S=60 row "nccl_check under compute-sanitizer memcheck" \
+                compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 7 \
+                "$bin/nccl_check" --quick
+        else
+            echo "| compute-sanitizer | not on this machine | |" >> "$table"
+        fi
+        # 2. Numerics, each conv path with its own bounds. A cold process compiles ~200 kernels
+        #    (72 s for the first on an H200, 2026-12-04).
+        LIMIT_S=150 row "CUDA vs CPU numerics, cuDNN f32 (ResNet-18)" "$bin/gpu_numerics" --conv fast
+        LIMIT_S=150 row "CUDA vs CPU numerics, Burn conv (ResNet-18)" "$bin/gpu_numerics" --conv burn
+        LIMIT_S=120 row "CUDA vs CPU numerics, cuDNN bf16 (ResNet-18)" "$bin/gpu_numerics" --amp bf16
     fi
-    # 2. Numerics, each conv path with its own bounds.
-    LIMIT_S=50 row "CUDA vs CPU numerics, cuDNN f32 (ResNet-18)" "$bin/gpu_numerics" --conv fast
-    LIMIT_S=40 row "CUDA vs CPU numerics, Burn conv (ResNet-18)" "$bin/gpu_numerics" --conv burn
-    LIMIT_S=30 row "CUDA vs CPU numerics, cuDNN bf16 (ResNet-18)" "$bin/gpu_numerics" --amp bf16
-
-    # 3. The real loop: data pipeline, NCCL gradient sync (forced at world size 1), two epochs.
-    LIMIT_S=90 row "train, data, NCCL, 2 epochs x 20 steps" \
-        env BURN_DIST_BACKEND=nccl "$bin/train" --model resnet50 --image-size 224 --batch-size 64 \
-        --epochs 2 --max-steps-per-epoch 20 --workers 16 \
-        --log-dir "$out/logs" --checkpoint-format "$ckpt/ckpt-{epoch}.ckpt"
-
-    # 4. Throughput, ours then PyTorch's (warm-up steps untimed).
-    local ts=("$bin/train_step" --model resnet50 --image-size 224 --batch 64 --steps 15 --warmup 3 --no-data --json)
-    LIMIT_S=35 row "train_step b64 fp32 cuDNN conv, fusion" "${ts[@]}" --backend cuda --conv fast
-    LIMIT_S=30 row "train_step b64 bf16 cuDNN conv, fusion" "${ts[@]}" --backend cuda --conv fast --amp bf16
-    LIMIT_S=35 row "train_step b64 fp32 Burn conv, fusion" "${ts[@]}" --backend cuda --conv burn
-    LIMIT_S=30 row "PyTorch b64 (fp32; bf16 autocast + channels_last)" \
-        python3 "$STAGE/compare_train_step_gpu.py" --batch 64 --steps 15 --warmup 3
+    if [ "$group" = all ] || [ "$group" = train ]; then
+        # 3. The real loop: data pipeline, NCCL gradient sync (forced at world size 1), two
+        #    epochs, a checkpoint every 10 steps too: the mid-epoch state (model, optimizer,
+        #    metric sums) is read back from the device and saved while the epoch goes on.
+        local loop=(--model resnet50 --image-size 224 --batch-size 64 --max-steps-per-epoch 20
+            --workers 16 --log-dir "$out/logs" --checkpoint-format "$ckpt/ckpt-{epoch}.ckpt")
+        LIMIT_S=240 row "train, data, NCCL, 2 epochs x 20 steps, checkpoint every 10" \
+            env BURN_DIST_BACKEND=nccl "$bin/train" "${loop[@]}" --epochs 2 --checkpoint-every 10
+        #    The checkpoint loaded back onto the GPU: a third epoch resumes from the second's end.
+        LIMIT_S=120 row "train resumed from its checkpoint, epoch 3" \
+            env BURN_DIST_BACKEND=nccl "$bin/train" "${loop[@]}" --epochs 3
+        #    torchvision's recipe on the device: TrivialAugment, RandomErasing, RA sampler, Mixup
+        #    and CutMix on the normalised batch, label smoothing, AdamW, weight-decay groups, EMA.
+        LIMIT_S=200 row "train, torchvision recipe with AdamW and EMA, 2 epochs x 6 steps" \
+            "$bin/train" --recipe torchvision-resnet50-v2 --model resnet50 --batch-size 64 \
+            --epochs 2 --lr-warmup-epochs 1 --max-steps-per-epoch 6 --val-crop-size 224 \
+            --workers 16 --opt adamw --lr 0.002 --model-ema-steps 2 --output-dir "$ckpt/recipe"
+    fi
+    if [ "$group" = all ] || [ "$group" = speed ]; then
+        # 4. Throughput, ours then PyTorch's. Fusion keeps compiling new kernels for several
+        #    steps: 10 untimed steps first, and every step's time is printed to show it settled.
+        local ts=("$bin/train_step" --model resnet50 --image-size 224 --batch 64 --steps 20
+            --warmup 10 --no-data --json)
+        LIMIT_S=150 row "train_step b64 fp32 cuDNN conv, fusion" "${ts[@]}" --backend cuda --conv fast
+        LIMIT_S=130 row "train_step b64 bf16 cuDNN conv, fusion" "${ts[@]}" --backend cuda --conv fast --amp bf16
+        LIMIT_S=150 row "train_step b64 fp32 Burn conv, fusion" "${ts[@]}" --backend cuda --conv burn
+        #    Importing torch takes ~11 s there, and cudnn.benchmark tries algorithms per layer.
+        LIMIT_S=120 row "PyTorch b64 (fp32; tf32; bf16 autocast + channels_last)" \
+            python3 "$STAGE/compare_train_step_gpu.py" --batch 64 --steps 20 --warmup 5
+    fi
     rm -rf "$ckpt"
     echo
     cat "$table"
@@ -170,7 +196,7 @@ selftest() {
 case "${1:-all}" in
     stage) stage ;;
     selftest) selftest ;;
-    run) run_checks ;;
+    run) run_checks "${2:-all}" ;;
     all)
         if command -v cargo >/dev/null; then stage; fi
         run_checks ;;

@@ -194,10 +194,16 @@ fn run<B: AutodiffBackend>(
     };
 
     let ips = |t: f64| args.batch as f64 / t;
+    let every_step_ms = fixed
+        .every_step
+        .iter()
+        .map(|s| format!("{:.1}", s * 1e3))
+        .collect::<Vec<_>>()
+        .join(",");
     let fed_ips = fed.map(|t| ips(t.step));
     if args.json {
         println!(
-            "{{\"model\":\"{}\",\"backend\":\"{}\",\"conv\":\"{}\",\"batch_norm\":\"{}\",\"amp\":\"{}\",\"batch\":{},\"image_size\":{},\"fwd_bwd_img_per_sec\":{:.3},\"step_img_per_sec\":{:.3},\"step_with_data_img_per_sec\":{}}}",
+            "{{\"model\":\"{}\",\"backend\":\"{}\",\"conv\":\"{}\",\"batch_norm\":\"{}\",\"amp\":\"{}\",\"batch\":{},\"image_size\":{},\"fwd_bwd_img_per_sec\":{:.3},\"step_img_per_sec\":{:.3},\"step_with_data_img_per_sec\":{},\"every_step_ms\":[{}]}}",
             args.model,
             args.backend,
             args.conv,
@@ -207,7 +213,8 @@ fn run<B: AutodiffBackend>(
             args.image_size,
             ips(fixed.fwd_bwd),
             ips(fixed.step),
-            fed_ips.map_or("null".to_string(), |v| format!("{v:.3}"))
+            fed_ips.map_or("null".to_string(), |v| format!("{v:.3}")),
+            every_step_ms
         );
     } else {
         println!(
@@ -226,14 +233,17 @@ fn run<B: AutodiffBackend>(
             fixed.step * 1e3,
             fed_ips.map_or("-".to_string(), |v| format!("{v:.2}"))
         );
+        println!("  every step (ms, warm-up first): {every_step_ms}");
     }
     Ok(())
 }
 
-/// Median seconds of the timed steps.
+/// Median seconds of the timed steps, and every step's seconds (warm-up included): on CUDA a
+/// step that still compiles kernels stands out from the steady ones.
 struct StepTimes {
     fwd_bwd: f64,
     step: f64,
+    every_step: Vec<f64>,
 }
 
 /// Warm-up then timed steps of a fresh model; `next_batch` supplies each step's batch (its time
@@ -252,6 +262,7 @@ fn time_steps<B: AutodiffBackend>(
         .init();
     let mut fwd_bwd = Vec::new();
     let mut step = Vec::new();
+    let mut every_step = Vec::new();
     for i in 0..args.warmup + args.steps {
         let start = Instant::now();
         let (images, labels) = next_batch(i)?;
@@ -263,6 +274,7 @@ fn time_steps<B: AutodiffBackend>(
         // Reading one value forces the step to finish on asynchronous backends.
         let _ = model.fc.bias.as_ref().map(|b| b.val().sum().into_scalar());
         B::sync(device)?;
+        every_step.push(start.elapsed().as_secs_f64());
         if i >= args.warmup {
             fwd_bwd.push(backward_done.as_secs_f64());
             step.push(start.elapsed().as_secs_f64());
@@ -276,5 +288,6 @@ fn time_steps<B: AutodiffBackend>(
     Ok(StepTimes {
         fwd_bwd: median(fwd_bwd),
         step: median(step),
+        every_step,
     })
 }
