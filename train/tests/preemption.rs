@@ -405,3 +405,95 @@ fn a_job_stopped_mid_epoch_by_sigkill_or_sigterm_resumes_from_its_step_exactly()
         },
     );
 }
+
+/// torchrun from `BURN_DIST_TORCHRUN` or the `PATH`.
+fn torchrun() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("BURN_DIST_TORCHRUN") {
+        return Some(PathBuf::from(path));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join("torchrun"))
+        .find(|p| p.is_file())
+}
+
+/// SIGTERM to torchrun's agent: it passes SIGTERM to both workers, which save at the same next
+/// step and exit 75 before the agent's own deadline; the same torchrun command then resumes at
+/// that step and finishes. (torchrun exits with its own code for a signal, not the workers'.)
+#[test]
+#[ignore = "needs torchrun on PATH (pip install torch) or BURN_DIST_TORCHRUN=/path/to/torchrun"]
+fn under_a_real_torchrun_sigterm_saves_mid_epoch_and_the_job_resumes_there() {
+    let torchrun = torchrun().expect(
+        "torchrun not found: pip install torch, or set BURN_DIST_TORCHRUN=/path/to/torchrun",
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (train_dir, val_dir) = small_dataset(&dir.path().join("data"), 40, 6);
+    let run_dir = dir.path().join("run");
+    let port = free_port();
+    let command = || {
+        let mut command = Command::new(&torchrun);
+        command
+            .args(["--nproc-per-node", "2", "--master-addr", "127.0.0.1"])
+            .args(["--master-port", &port.to_string()])
+            .args(["--rdzv-id", &job_token("train-torchrun")])
+            .arg("--no-python")
+            .arg(EXE)
+            .arg("--train-dir")
+            .arg(&train_dir)
+            .arg("--val-dir")
+            .arg(&val_dir)
+            .arg("--log-dir")
+            .arg(run_dir.join("logs"))
+            .arg("--checkpoint-format")
+            .arg(run_dir.join("checkpoint-{epoch}.ckpt"))
+            .args([
+                "--model",
+                "resnet18",
+                "--image-size",
+                "32",
+                "--batch-size",
+                "8",
+            ])
+            .args(["--workers", "1", "--no-cuda", "--warmup-epochs", "0"])
+            .args(["--epochs", &EPOCHS.to_string(), "--checkpoint-every", "3"])
+            .env_remove("RANK")
+            .env_remove("WORLD_SIZE")
+            .env("BURN_DIST_TIMEOUT_S", "60")
+            .stdin(std::process::Stdio::null());
+        command
+    };
+    let first = ChildGuard::spawn(&mut command());
+    wait_for(&run_dir.join("checkpoint-1.ckpt"), &first);
+    // SAFETY: kill(2) on the pid of our own, not yet reaped, child (torchrun's agent).
+    unsafe { libc::kill(first.pid() as libc::pid_t, libc::SIGTERM) };
+    let output = first.wait();
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        !output.status.success(),
+        "torchrun reports the stop:\n{text}"
+    );
+    assert!(
+        text.contains("stopped by a signal after writing"),
+        "the workers saved before they exited:\n{text}"
+    );
+    let output = run_ok(&mut command());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let (epochs, steps) = resumed_at(&stdout);
+    assert!(
+        epochs >= 1 && steps >= 1,
+        "resumed inside an epoch after the first: {stdout}"
+    );
+    assert_eq!(
+        metrics_without_timing(&run_dir).len(),
+        EPOCHS,
+        "every epoch logged once"
+    );
+    assert!(
+        run_dir
+            .join(format!("checkpoint-{EPOCHS}.safetensors"))
+            .exists()
+    );
+}
