@@ -379,6 +379,22 @@ mod tests {
         assert_eq!(never.verdict(&quiet, 3, false), StepVerdict::default());
     }
 
+    /// The one test in this binary that signals: a stop signal and its copy within 2 s (the
+    /// launcher's forward after SLURM's own) ask for one stop and leave the process running.
+    #[test]
+    fn a_stop_signal_and_its_copy_ask_for_one_stop() {
+        assert!(!signalled());
+        install_stop_signals(Some(SaveSignal::Usr2));
+        // SAFETY: raise(3) with a signal this process now handles.
+        unsafe {
+            libc::raise(libc::SIGUSR2);
+            libc::raise(libc::SIGUSR2);
+        }
+        assert!(signalled(), "the first signal asks for a stop");
+        assert_ne!(FIRST_SIGNAL_NS.load(Ordering::SeqCst), 0);
+        // Still here: the copy did not take the default action (which ends the process).
+    }
+
     #[test]
     fn a_mid_epoch_position_crosses_the_broadcast_array() {
         let at = MidEpoch {

@@ -51,6 +51,12 @@ struct Args {
     /// the op, f32 accumulation, f32 parameters and optimizer state).
     #[arg(long, default_value = "none")]
     amp: String,
+    /// Also checkpoint every N steps as `train --checkpoint-every N` does: the model and the
+    /// optimizer copied to host memory at the step, the file written on a background thread
+    /// (under the system's temp folder), so the step times include what a checkpoint costs the
+    /// training thread.
+    #[arg(long)]
+    checkpoint_every: Option<usize>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -203,7 +209,7 @@ fn run<B: AutodiffBackend>(
     let fed_ips = fed.map(|t| ips(t.step));
     if args.json {
         println!(
-            "{{\"model\":\"{}\",\"backend\":\"{}\",\"conv\":\"{}\",\"batch_norm\":\"{}\",\"amp\":\"{}\",\"batch\":{},\"image_size\":{},\"fwd_bwd_img_per_sec\":{:.3},\"step_img_per_sec\":{:.3},\"step_with_data_img_per_sec\":{},\"every_step_ms\":[{}]}}",
+            "{{\"model\":\"{}\",\"backend\":\"{}\",\"conv\":\"{}\",\"batch_norm\":\"{}\",\"amp\":\"{}\",\"batch\":{},\"image_size\":{},\"fwd_bwd_img_per_sec\":{:.3},\"step_img_per_sec\":{:.3},\"step_with_data_img_per_sec\":{},\"checkpoint_every\":{},\"every_step_ms\":[{}]}}",
             args.model,
             args.backend,
             args.conv,
@@ -214,6 +220,8 @@ fn run<B: AutodiffBackend>(
             ips(fixed.fwd_bwd),
             ips(fixed.step),
             fed_ips.map_or("null".to_string(), |v| format!("{v:.3}")),
+            args.checkpoint_every
+                .map_or("null".to_string(), |n| n.to_string()),
             every_step_ms
         );
     } else {
@@ -263,6 +271,19 @@ fn time_steps<B: AutodiffBackend>(
     let mut fwd_bwd = Vec::new();
     let mut step = Vec::new();
     let mut every_step = Vec::new();
+    let mut checkpoints = args
+        .checkpoint_every
+        .filter(|n| *n > 0)
+        .map(|every| -> anyhow::Result<_> {
+            let dir = std::env::temp_dir().join(format!("train-step-ckpt-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            Ok((
+                every,
+                dir,
+                train::checkpoint::writer::BackgroundWriter::default(),
+            ))
+        })
+        .transpose()?;
     for i in 0..args.warmup + args.steps {
         let start = Instant::now();
         let (images, labels) = next_batch(i)?;
@@ -273,12 +294,35 @@ fn time_steps<B: AutodiffBackend>(
         model = optimizer.step(0.01, model, grads);
         // Reading one value forces the step to finish on asynchronous backends.
         let _ = model.fc.bias.as_ref().map(|b| b.val().sum().into_scalar());
+        if let Some((every, dir, writer)) = checkpoints.as_mut()
+            && (i + 1) % *every == 0
+        {
+            let header = train::checkpoint::CheckpointHeader {
+                epoch: 0,
+                args: train::TrainArgs::parse_from(["train"]),
+                world_size: 1,
+                data_seed: 0,
+                model_fingerprint: train::checkpoint::model_fingerprint(&model),
+                sections: Vec::new(),
+                history: Vec::new(),
+                ema_n_averaged: None,
+                mid_epoch: None,
+            };
+            let path = dir.join(format!("step-{}.ckpt", (i + 1) % 2));
+            let encoded = train::checkpoint::encode(&path, header, &model, &optimizer, None)?;
+            writer.submit(Box::new(move || encoded.write()))?;
+            writer.check()?;
+        }
         B::sync(device)?;
         every_step.push(start.elapsed().as_secs_f64());
         if i >= args.warmup {
             fwd_bwd.push(backward_done.as_secs_f64());
             step.push(start.elapsed().as_secs_f64());
         }
+    }
+    if let Some((_, dir, writer)) = checkpoints.as_mut() {
+        writer.finish()?;
+        let _ = std::fs::remove_dir_all(dir);
     }
     let _ = model.valid();
     let median = |mut v: Vec<f64>| {
