@@ -67,23 +67,13 @@ fn a_full_disk_stops_the_run_with_one_clear_message_and_keeps_the_last_checkpoin
         // Only the checkpoints on the small disk: a log write must not meet the full disk first.
         let mut command = Command::new(EXE);
         command
-            .arg("--train-dir")
-            .arg(&train_dir)
-            .arg("--val-dir")
-            .arg(&val_dir)
-            .arg("--log-dir")
-            .arg(dir.path().join("logs"))
-            .arg("--checkpoint-format")
-            .arg(disk.mount.join("checkpoint-{epoch}.ckpt"))
-            .args([
-                "--model",
-                "resnet18",
-                "--image-size",
-                "32",
-                "--batch-size",
-                "8",
-            ])
-            .args(["--workers", "1", "--no-cuda", "--warmup-epochs", "0"])
+            .args(small_run_args(
+                &train_dir,
+                &val_dir,
+                &dir.path().join("logs"),
+                &disk.mount.join("checkpoint-{epoch}.ckpt"),
+                0.0,
+            ))
             .args(["--epochs", epochs])
             .env_remove("RANK")
             .env_remove("WORLD_SIZE")

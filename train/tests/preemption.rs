@@ -41,19 +41,6 @@ fn job(run_dir: &Path, data: &(PathBuf, PathBuf), trace_dir: &Path, regrouped: b
     command
 }
 
-/// `metrics.jsonl` without the fields that measure time.
-fn metrics_without_timing(run_dir: &Path) -> Vec<serde_json::Value> {
-    read_metrics(&run_dir.join("logs"))
-        .into_iter()
-        .map(|mut line| {
-            if let Some(fields) = line.as_object_mut() {
-                fields.retain(|name, _| !name.contains("per_sec"));
-            }
-            line
-        })
-        .collect()
-}
-
 /// Each rank's trace: (epoch, step, sample index), in the order trained.
 fn traces(trace_dir: &Path) -> [Vec<(usize, usize, usize)>; 2] {
     [0, 1].map(|rank| {
@@ -196,7 +183,7 @@ fn assert_resumed_exactly(
     let weights = std::fs::read(run_dir.join(format!("checkpoint-{EPOCHS}.safetensors")))
         .expect("final weights");
     assert_same_weights(what, &weights, &reference.weights, expect);
-    let metrics = metrics_without_timing(run_dir);
+    let metrics = metrics_without_timing(&run_dir.join("logs"));
     if expect == Expect::Exact {
         assert_eq!(metrics, reference.metrics, "{what}: metrics");
     } else {
@@ -255,7 +242,7 @@ fn a_job_stopped_mid_epoch_by_sigkill_or_sigterm_resumes_from_its_step_exactly()
     let reference = Reference {
         weights: std::fs::read(reference_dir.join(format!("checkpoint-{EPOCHS}.safetensors")))
             .expect("reference weights"),
-        metrics: metrics_without_timing(&reference_dir),
+        metrics: metrics_without_timing(&reference_dir.join("logs")),
         traces: traces(&trace("reference")),
     };
     assert_eq!(reference.metrics.len(), EPOCHS);
@@ -437,23 +424,13 @@ fn under_a_real_torchrun_sigterm_saves_mid_epoch_and_the_job_resumes_there() {
             .args(["--rdzv-id", &job_token("train-torchrun")])
             .arg("--no-python")
             .arg(EXE)
-            .arg("--train-dir")
-            .arg(&train_dir)
-            .arg("--val-dir")
-            .arg(&val_dir)
-            .arg("--log-dir")
-            .arg(run_dir.join("logs"))
-            .arg("--checkpoint-format")
-            .arg(run_dir.join("checkpoint-{epoch}.ckpt"))
-            .args([
-                "--model",
-                "resnet18",
-                "--image-size",
-                "32",
-                "--batch-size",
-                "8",
-            ])
-            .args(["--workers", "1", "--no-cuda", "--warmup-epochs", "0"])
+            .args(small_run_args(
+                &train_dir,
+                &val_dir,
+                &run_dir.join("logs"),
+                &run_dir.join("checkpoint-{epoch}.ckpt"),
+                0.0,
+            ))
             .args(["--epochs", &EPOCHS.to_string(), "--checkpoint-every", "3"])
             .env_remove("RANK")
             .env_remove("WORLD_SIZE")
@@ -487,7 +464,7 @@ fn under_a_real_torchrun_sigterm_saves_mid_epoch_and_the_job_resumes_there() {
         "resumed inside an epoch after the first: {stdout}"
     );
     assert_eq!(
-        metrics_without_timing(&run_dir).len(),
+        metrics_without_timing(&run_dir.join("logs")).len(),
         EPOCHS,
         "every epoch logged once"
     );

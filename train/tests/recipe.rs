@@ -44,19 +44,6 @@ fn command(run_dir: &Path, train_dir: &Path, val_dir: &Path) -> Command {
     command
 }
 
-/// `metrics.jsonl` without the fields that measure time.
-fn metrics_without_timing(log_dir: &Path) -> Vec<serde_json::Value> {
-    read_metrics(log_dir)
-        .into_iter()
-        .map(|mut line| {
-            if let Some(fields) = line.as_object_mut() {
-                fields.retain(|name, _| !name.contains("per_sec"));
-            }
-            line
-        })
-        .collect()
-}
-
 fn exports(run_dir: &Path) -> (Vec<u8>, Vec<u8>) {
     let read =
         |name: String| std::fs::read(run_dir.join(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -53,31 +53,13 @@ pub fn train_command_with_warmup(
 ) -> Command {
     let mut command = Command::new(exe);
     command
-        .arg("--train-dir")
-        .arg(train_dir)
-        .arg("--val-dir")
-        .arg(val_dir)
-        .arg("--log-dir")
-        .arg(run_dir.join("logs"))
-        .arg("--checkpoint-format")
-        .arg(run_dir.join("checkpoint-{epoch}.ckpt"))
-        .args([
-            "--model",
-            "resnet18",
-            "--image-size",
-            "32",
-            "--batch-size",
-            "8",
-        ])
-        .args([
-            "--val-batch-size",
-            "16",
-            "--workers",
-            "1",
-            "--no-cuda",
-            "--warmup-epochs",
-            &warmup_epochs.to_string(),
-        ])
+        .args(small_run_args(
+            train_dir,
+            val_dir,
+            &run_dir.join("logs"),
+            &run_dir.join("checkpoint-{epoch}.ckpt"),
+            warmup_epochs,
+        ))
         .args(["--master-port", &free_port().to_string()])
         .env_remove("RANK")
         .env_remove("WORLD_SIZE")
@@ -85,6 +67,59 @@ pub fn train_command_with_warmup(
         .env("BURN_DIST_TIMEOUT_S", "60")
         .stdin(Stdio::null());
     command
+}
+
+/// The flags of a small CPU run: a tiny ResNet-18 at 32 px, batch 8, one decode worker, data
+/// from `train_dir`/`val_dir`, logs in `log_dir`, checkpoints named by `checkpoint_format`.
+pub fn small_run_args(
+    train_dir: &Path,
+    val_dir: &Path,
+    log_dir: &Path,
+    checkpoint_format: &Path,
+    warmup_epochs: f64,
+) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = Vec::new();
+    for (flag, path) in [
+        ("--train-dir", train_dir),
+        ("--val-dir", val_dir),
+        ("--log-dir", log_dir),
+        ("--checkpoint-format", checkpoint_format),
+    ] {
+        args.push(flag.into());
+        args.push(path.into());
+    }
+    let warmup = warmup_epochs.to_string();
+    for flag in [
+        "--model",
+        "resnet18",
+        "--image-size",
+        "32",
+        "--batch-size",
+        "8",
+        "--val-batch-size",
+        "16",
+        "--workers",
+        "1",
+        "--no-cuda",
+        "--warmup-epochs",
+        &warmup,
+    ] {
+        args.push(flag.into());
+    }
+    args
+}
+
+/// `metrics.jsonl` without the fields that measure time.
+pub fn metrics_without_timing(log_dir: &Path) -> Vec<serde_json::Value> {
+    read_metrics(log_dir)
+        .into_iter()
+        .map(|mut line| {
+            if let Some(fields) = line.as_object_mut() {
+                fields.retain(|name, _| !name.contains("per_sec"));
+            }
+            line
+        })
+        .collect()
 }
 
 /// How long one `train` run of these tests may take before it counts as hung: the runs take
