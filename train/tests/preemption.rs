@@ -403,9 +403,11 @@ fn torchrun() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// SIGTERM to torchrun's agent: it passes SIGTERM to both workers, which save at the same next
-/// step and exit 75 before the agent's own deadline; the same torchrun command then resumes at
-/// that step and finishes. (torchrun exits with its own code for a signal, not the workers'.)
+/// SIGTERM to every process of a torchrun job at once, as SLURM delivers it (the agent passes
+/// it on too: each worker gets it twice, one request): both workers save at the same next step
+/// and exit 75 before the agent's deadline, and the same torchrun command resumes there and
+/// ends where an uninterrupted torchrun job does. (torchrun's own exit code after a signal is
+/// its own, not the workers'.)
 #[test]
 #[ignore = "needs torchrun on PATH (pip install torch) or BURN_DIST_TORCHRUN=/path/to/torchrun"]
 fn under_a_real_torchrun_sigterm_saves_mid_epoch_and_the_job_resumes_there() {
@@ -414,13 +416,12 @@ fn under_a_real_torchrun_sigterm_saves_mid_epoch_and_the_job_resumes_there() {
     );
     let dir = tempfile::tempdir().expect("temp dir");
     let (train_dir, val_dir) = small_dataset(&dir.path().join("data"), 40, 6);
-    let run_dir = dir.path().join("run");
-    let port = free_port();
-    let command = || {
+    let trace = |name: &str| dir.path().join("traces").join(name);
+    let command = |run_dir: &Path, trace_dir: &Path| {
         let mut command = Command::new(&torchrun);
         command
             .args(["--nproc-per-node", "2", "--master-addr", "127.0.0.1"])
-            .args(["--master-port", &port.to_string()])
+            .args(["--master-port", &free_port().to_string()])
             .args(["--rdzv-id", &job_token("train-torchrun")])
             .arg("--no-python")
             .arg(EXE)
@@ -431,17 +432,30 @@ fn under_a_real_torchrun_sigterm_saves_mid_epoch_and_the_job_resumes_there() {
                 &run_dir.join("checkpoint-{epoch}.ckpt"),
                 0.0,
             ))
-            .args(["--epochs", &EPOCHS.to_string(), "--checkpoint-every", "3"])
+            .args(["--epochs", &EPOCHS.to_string(), "--base-lr", "0.02"])
+            .args(["--checkpoint-every", "3"])
             .env_remove("RANK")
             .env_remove("WORLD_SIZE")
             .env("BURN_DIST_TIMEOUT_S", "60")
+            .env("TRAIN_TRACE_SAMPLES", trace_dir)
             .stdin(std::process::Stdio::null());
         command
     };
-    let first = ChildGuard::spawn(&mut command());
+    let reference_dir = dir.path().join("reference");
+    run_ok(&mut command(&reference_dir, &trace("reference")));
+    let reference = Reference {
+        weights: std::fs::read(reference_dir.join(format!("checkpoint-{EPOCHS}.safetensors")))
+            .expect("reference weights"),
+        metrics: metrics_without_timing(&reference_dir.join("logs")),
+        traces: traces(&trace("reference")),
+    };
+
+    let run_dir = dir.path().join("run");
+    let first = ChildGuard::spawn(&mut command(&run_dir, &trace("stopped")));
     wait_for(&run_dir.join("checkpoint-1.ckpt"), &first);
-    // SAFETY: kill(2) on the pid of our own, not yet reaped, child (torchrun's agent).
-    unsafe { libc::kill(first.pid() as libc::pid_t, libc::SIGTERM) };
+    // SAFETY: kill(2) on the process group our unreaped child (torchrun's agent) leads; its
+    // workers are in it.
+    unsafe { libc::kill(-(first.pid() as libc::pid_t), libc::SIGTERM) };
     let output = first.wait();
     let text = format!(
         "{}\n{}",
@@ -456,21 +470,24 @@ fn under_a_real_torchrun_sigterm_saves_mid_epoch_and_the_job_resumes_there() {
         text.contains("stopped by a signal after writing"),
         "the workers saved before they exited:\n{text}"
     );
-    let output = run_ok(&mut command());
+    let output = run_ok(&mut command(&run_dir, &trace("resumed")));
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let (epochs, steps) = resumed_at(&stdout);
+    let at = resumed_at(&stdout);
     assert!(
-        epochs >= 1 && steps >= 1,
+        at.0 >= 1 && at.1 >= 1,
         "resumed inside an epoch after the first: {stdout}"
     );
-    assert_eq!(
-        metrics_without_timing(&run_dir.join("logs")).len(),
-        EPOCHS,
-        "every epoch logged once"
-    );
-    assert!(
-        run_dir
-            .join(format!("checkpoint-{EPOCHS}.safetensors"))
-            .exists()
+    assert_resumed_exactly(
+        "under torchrun",
+        &reference,
+        &run_dir,
+        &trace("stopped"),
+        &trace("resumed"),
+        at,
+        if (at.0 * STEPS_PER_EPOCH + at.1).is_multiple_of(3) {
+            Expect::Exact
+        } else {
+            Expect::RunningStatsRounded
+        },
     );
 }
