@@ -165,27 +165,10 @@ pub fn prune(args: &TrainArgs, newest: Position) -> Vec<PathBuf> {
 mod tests {
     use super::super::{CheckpointHeader, write_file};
     use super::*;
-    use crate::preemption::MidEpoch;
     use clap::Parser;
 
     fn header(at: Position) -> CheckpointHeader {
-        CheckpointHeader {
-            epoch: at.epochs,
-            args: TrainArgs::parse_from(["train"]),
-            world_size: 1,
-            data_seed: 42,
-            model_fingerprint: "[2, 2]".into(),
-            sections: Vec::new(),
-            history: Vec::new(),
-            ema_n_averaged: None,
-            mid_epoch: (at.steps > 0).then(|| MidEpoch {
-                step: at.steps,
-                samples: at.steps * 8,
-                totals: Default::default(),
-                elapsed_s: 1.0,
-                data_wait_s: 0.0,
-            }),
-        }
+        super::super::tests::header_at(at)
     }
 
     fn args_in(dir: &Path, epochs: usize) -> TrainArgs {

@@ -503,13 +503,18 @@ impl Checkpoint {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use clap::Parser;
 
     fn header(epoch: usize) -> CheckpointHeader {
+        header_at(Position::epoch_end(epoch))
+    }
+
+    /// A header of a default run at `at` (a mid-epoch position when `at.steps > 0`).
+    pub(super) fn header_at(at: Position) -> CheckpointHeader {
         CheckpointHeader {
-            epoch,
+            epoch: at.epochs,
             args: TrainArgs::parse_from(["train"]),
             world_size: 1,
             data_seed: 42,
@@ -517,7 +522,13 @@ mod tests {
             sections: Vec::new(),
             history: Vec::new(),
             ema_n_averaged: None,
-            mid_epoch: None,
+            mid_epoch: (at.steps > 0).then(|| crate::preemption::MidEpoch {
+                step: at.steps,
+                samples: at.steps * 8,
+                totals: Default::default(),
+                elapsed_s: 1.0,
+                data_wait_s: 0.0,
+            }),
         }
     }
 
