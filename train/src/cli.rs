@@ -631,11 +631,18 @@ impl TrainArgs {
 
     /// The checkpoint path after `epoch` completed epochs.
     pub fn checkpoint_path(&self, epoch: usize) -> PathBuf {
-        expand_home(Path::new(
-            &self
-                .checkpoint_format
-                .replace("{epoch}", &epoch.to_string()),
-        ))
+        self.checkpoint_named(&epoch.to_string())
+    }
+
+    /// `--checkpoint-format` with `{epoch}` replaced by `name` (`3`, or `2-step500` in the
+    /// middle of an epoch).
+    pub fn checkpoint_named(&self, name: &str) -> PathBuf {
+        expand_home(Path::new(&self.checkpoint_format.replace("{epoch}", name)))
+    }
+
+    /// Images per optimizer step over all `world_size` processes.
+    pub fn global_batch(&self, world_size: usize) -> usize {
+        self.batch_size * self.batches_per_allreduce * world_size
     }
 
     /// Where the final weights go: the last epoch's checkpoint path with the extension

@@ -282,11 +282,6 @@ impl StepCheckpoints {
     pub fn saved(&mut self) {
         self.last = Instant::now();
     }
-
-    /// An epoch's checkpoint counts too.
-    pub fn epoch_saved(&mut self) {
-        self.saved();
-    }
 }
 
 /// `TRAIN_TRACE_SAMPLES=<dir>`: every rank appends `epoch step index` per trained sample to

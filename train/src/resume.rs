@@ -106,7 +106,6 @@ pub fn changed_settings(
             affects_lr,
         });
     };
-    let global = |a: &TrainArgs, world: usize| a.batch_size * a.batches_per_allreduce * world;
     // The peak LR: torchvision's `--lr` is the total; Horovod's `--base-lr` is per batch of
     // `--batch-size` and grows with the world and `--batches-per-allreduce`.
     let peak = |a: &TrainArgs, world: usize| {
@@ -114,7 +113,7 @@ pub fn changed_settings(
     };
     // 8 GPUs, or 4 GPUs × --batches-per-allreduce 2: the same global batch at the same peak LR
     // is the same optimisation, regrouped (only a Horovod warmup starts elsewhere).
-    let regrouped = global(saved, saved_world) == global(args, world)
+    let regrouped = saved.global_batch(saved_world) == args.global_batch(world)
         && (peak(saved, saved_world) - peak(args, world)).abs()
             <= 1e-9 * peak(saved, saved_world).abs();
     const REGROUPING: [&str; 3] = ["batch_size", "batches_per_allreduce", "base_lr"];
@@ -126,11 +125,11 @@ pub fn changed_settings(
             !regrouped,
         );
     }
-    if global(saved, saved_world) != global(args, world) {
+    if saved.global_batch(saved_world) != args.global_batch(world) {
         push(
             "global batch",
-            global(saved, saved_world).to_string(),
-            global(args, world).to_string(),
+            saved.global_batch(saved_world).to_string(),
+            args.global_batch(world).to_string(),
             true,
         );
     }
@@ -563,23 +562,20 @@ mod tests {
                 .all(|c| !c.affects_lr)
         );
         // Another global batch, or another peak LR, is refused.
+        let horovod = args(&["--batch-size", "32"]);
         let more = args(&["--batch-size", "32", "--batches-per-allreduce", "4"]);
         assert!(
-            changed_settings(&saved_horovod(), 8, &more, 4)
+            changed_settings(&horovod, 8, &more, 4)
                 .iter()
                 .any(|c| c.affects_lr)
         );
         let hotter = args(&["--batch-size", "64", "--base-lr", "0.0125"]);
-        let changes = changed_settings(&args(&["--batch-size", "32"]), 8, &hotter, 4);
+        let changes = changed_settings(&horovod, 8, &hotter, 4);
         assert!(
             changes
                 .iter()
                 .any(|c| c.setting == "world size" && c.affects_lr)
         );
-    }
-
-    fn saved_horovod() -> TrainArgs {
-        args(&["--batch-size", "32"])
     }
 
     #[test]

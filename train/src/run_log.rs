@@ -230,7 +230,7 @@ pub fn print_config_table(
     let a = &ctx.args;
     let (train, val) = data;
     let world = ctx.dist.world_size();
-    let global_batch = a.batch_size * a.batches_per_allreduce * world;
+    let global_batch = a.global_batch(world);
     let mut rows = vec![
         ("model", model.to_string()),
         ("backend", ctx.backend.clone()),

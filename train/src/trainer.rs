@@ -20,7 +20,6 @@ use data::{Batch, ImageFolder, Loader};
 use models::ImageClassifier;
 
 use crate::TrainError;
-use crate::checkpoint::writer::BackgroundWriter;
 use crate::checkpoint::{self, Position};
 use crate::cli::{TrainArgs, expand_home};
 use crate::datasets::{load_data, val_loader};
@@ -144,7 +143,7 @@ where
             &schedule,
         );
         let mut log = RunLog::new(&expand_home(&args.log_dir))?;
-        let global_batch = args.batch_size * args.batches_per_allreduce * ctx.dist.world_size();
+        let global_batch = args.global_batch(ctx.dist.world_size());
         let steps_done =
             resumed_from * steps_per_epoch + mid_epoch.map_or(0, |m| m.samples / global_batch);
         log.start(&history, resumed_from, steps_done)?;
@@ -168,11 +167,6 @@ where
     let mut step_checkpoints = StepCheckpoints::new(args.checkpoint_every, ctx.is_main());
     let mut from = mid_epoch;
     for epoch in resumed_from..args.epochs {
-        let mut save_mid_epoch = |state: &mut TrainState<B, C::Model<B>>,
-                                  at: MidEpoch,
-                                  writer: &mut BackgroundWriter| {
-            checkpoint::training::save_mid_epoch(ctx, state, &history, at, writer)
-        };
         let train = match train_one_epoch(
             ctx,
             &mut state,
@@ -185,7 +179,7 @@ where
             },
             log.as_mut(),
             &mut step_checkpoints,
-            &mut save_mid_epoch,
+            &history,
         )? {
             EpochEnd::Done(metrics) => metrics,
             EpochEnd::Stopped(at) => {
@@ -379,11 +373,6 @@ pub struct EpochPlan {
     pub from: Option<MidEpoch>,
 }
 
-/// Writes a mid-epoch checkpoint of the state at a position, on the writer (every rank calls it
-/// at the same step).
-pub type SaveMidEpoch<'a, B, M> = dyn FnMut(&mut TrainState<B, M>, MidEpoch, &mut BackgroundWriter) -> Result<(), TrainError>
-    + 'a;
-
 /// How [`train_one_epoch`] ended.
 #[derive(Debug, Clone)]
 pub enum EpochEnd {
@@ -396,8 +385,8 @@ pub enum EpochEnd {
 /// One pass over this rank's shard: per loader batch, forward/backward over sub-batches of
 /// `--batch-size` (loss divided by their count), one averaged gradient all-reduce and optimizer step,
 /// one read of the step's device-side metric sums and one fused metrics all-reduce. That
-/// all-reduce also carries the votes for a mid-epoch checkpoint (`step_checkpoints`), which
-/// `save_mid_epoch` writes on every rank's same step.
+/// all-reduce also carries the votes for a mid-epoch checkpoint (`step_checkpoints`), written at
+/// the same step on every rank with the epochs `history` done.
 ///
 /// # Errors
 /// [`TrainError`] from the data, the collectives, the logs, a checkpoint, or a non-finite loss.
@@ -410,10 +399,10 @@ pub fn train_one_epoch<B, M>(
     plan: EpochPlan,
     mut log: Option<&mut RunLog>,
     step_checkpoints: &mut StepCheckpoints,
-    save_mid_epoch: &mut SaveMidEpoch<'_, B, M>,
+    history: &[EpochMetrics],
 ) -> Result<EpochEnd, TrainError>
 where
-    B: AutodiffBackend,
+    B: AutodiffBackend + CollectiveBackend,
     B::InnerBackend: CollectiveBackend,
     M: ImageClassifier<B> + AutodiffModule<B>,
 {
@@ -424,7 +413,7 @@ where
         format!("Train Epoch     #{}", epoch + 1),
         steps,
     );
-    let global_batch = args.batch_size * args.batches_per_allreduce * ctx.dist.world_size();
+    let global_batch = args.global_batch(ctx.dist.world_size());
     // Counted in samples: a run regrouped onto another world (the same global batch, see
     // `resume::changed_settings`) starts at the same sample of the epoch.
     let first_step = from.map_or(0, |m| (m.samples / global_batch.max(1)).min(steps));
@@ -539,7 +528,13 @@ where
                 elapsed_s: started.elapsed().as_secs_f64(),
                 data_wait_s: data_wait.as_secs_f64(),
             };
-            save_mid_epoch(state, at, step_checkpoints.writer())?;
+            checkpoint::training::save_mid_epoch(
+                ctx,
+                state,
+                history,
+                at,
+                step_checkpoints.writer(),
+            )?;
             step_checkpoints.saved();
             if verdict.stop {
                 progress.finish("stopped by a signal; checkpoint written");

@@ -66,9 +66,7 @@ impl std::fmt::Display for Position {
 
 /// The checkpoint file of `at`.
 pub fn path_at(args: &TrainArgs, at: Position) -> PathBuf {
-    expand_home(Path::new(
-        &args.checkpoint_format.replace("{epoch}", &at.name()),
-    ))
+    args.checkpoint_named(&at.name())
 }
 
 /// Every checkpoint file of `--checkpoint-format` on disk with the position its name says,
