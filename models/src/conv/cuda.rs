@@ -149,20 +149,43 @@ enum Packing {
     Packed,
 }
 
-/// After a failure with pitched operands, the same pass once more with packed ones: cuDNN 9.14
-/// on an H200 found no backward-data algorithm for some row-padded dx/dy (cubecl pads W = 7, 14,
-/// 28, 56 rows) that it had for their packed twins. Only a failure of the packed pass too turns
-/// cuDNN off.
-fn retry_packed(
-    first: cudnn::CudnnFailure,
-    attempt: impl Fn(Packing) -> Result<CubeTensor<CudaRuntime>, cudnn::CudnnFailure>,
-) -> Result<CubeTensor<CudaRuntime>, cudnn::CudnnFailure> {
-    attempt(Packing::Packed).map_err(|again| {
-        cudnn::CudnnFailure(format!(
-            "{} (with packed operands too: {})",
-            first.0, again.0
-        ))
-    })
+/// `BURN_HOROVOD_CUDNN_PACKED=1` hands cuDNN packed copies of every activation from the first
+/// try; anything else describes pitched rows by their strides (no copy). On an H200 our fp32
+/// step took 4× PyTorch's time with the GPU busy: cuDNN's fast kernels may want packed tensors,
+/// and the switch lets one run compare the two (`scripts/gpu-check.sh` speed group).
+fn first_packing(value: Option<&str>) -> Packing {
+    if value.is_some_and(|v| v.trim() == "1") {
+        Packing::Packed
+    } else {
+        Packing::AsTheyLie
+    }
+}
+
+/// The layout a pass tries first in this process ([`first_packing`] of the environment).
+fn preferred_packing() -> Packing {
+    static FIRST: OnceLock<Packing> = OnceLock::new();
+    *FIRST.get_or_init(|| first_packing(std::env::var("BURN_HOROVOD_CUDNN_PACKED").ok().as_deref()))
+}
+
+/// Runs `attempt` with the operands laid out as `first` says; after a failure with pitched
+/// operands, once more with packed ones: cuDNN 9.14 on an H200 found no backward-data algorithm
+/// for some row-padded dx/dy (cubecl pads W = 7, 14, 28, 56 rows) that it had for their packed
+/// twins. Only a failure of the packed pass turns cuDNN off.
+fn in_layouts<T>(
+    first: Packing,
+    attempt: impl Fn(Packing) -> Result<T, cudnn::CudnnFailure>,
+) -> Result<T, cudnn::CudnnFailure> {
+    match first {
+        Packing::Packed => attempt(Packing::Packed),
+        Packing::AsTheyLie => attempt(Packing::AsTheyLie).or_else(|first| {
+            attempt(Packing::Packed).map_err(|again| {
+                cudnn::CudnnFailure(format!(
+                    "{} (with packed operands too: {})",
+                    first.0, again.0
+                ))
+            })
+        }),
+    }
 }
 
 /// x or dy as cuDNN reads it, in the problem's precision: as it lies when cuDNN can describe its
@@ -320,7 +343,7 @@ fn forward<B: CubeAccess>(
         )?;
         Ok(y.tensor)
     };
-    let ran = attempt(Packing::AsTheyLie).or_else(|e| retry_packed(e, attempt));
+    let ran = in_layouts(preferred_packing(), attempt);
     let y = match ran {
         Ok(y) => to_f32(y, &p),
         Err(e) => {
@@ -398,7 +421,7 @@ fn gradient<B: CubeAccess>(
             Ok(dw.tensor)
         }
     };
-    let ran = attempt(Packing::AsTheyLie).or_else(|e| retry_packed(e, attempt));
+    let ran = in_layouts(preferred_packing(), attempt);
     let grad = match ran {
         Ok(grad) => to_f32(grad, &p),
         Err(e) => {
@@ -460,6 +483,54 @@ mod tests {
             Some("cudnnConvolutionForward: CUDNN_STATUS_EXECUTION_FAILED"),
             "the first cause is the one kept"
         );
+    }
+
+    #[test]
+    fn packed_operands_come_first_only_when_asked_for() {
+        assert_eq!(first_packing(None), Packing::AsTheyLie);
+        assert_eq!(first_packing(Some("0")), Packing::AsTheyLie);
+        assert_eq!(first_packing(Some("yes")), Packing::AsTheyLie);
+        assert_eq!(first_packing(Some("1")), Packing::Packed);
+        assert_eq!(first_packing(Some(" 1\n")), Packing::Packed);
+    }
+
+    #[test]
+    fn a_pitched_failure_is_retried_packed_and_a_packed_one_is_final() {
+        use std::cell::RefCell;
+        let fail = |what: &str| cudnn::CudnnFailure(what.to_string());
+        // Pitched fails, packed works: the packed result, after two tries.
+        let tried = RefCell::new(Vec::new());
+        let ran = in_layouts(Packing::AsTheyLie, |p| {
+            tried.borrow_mut().push(p);
+            if p == Packing::AsTheyLie {
+                Err(fail("no InputGrad algorithm"))
+            } else {
+                Ok(7)
+            }
+        });
+        assert_eq!(ran.ok(), Some(7));
+        assert_eq!(*tried.borrow(), [Packing::AsTheyLie, Packing::Packed]);
+        // Both fail: one error naming both causes.
+        let ran = in_layouts(Packing::AsTheyLie, |p| {
+            Err::<(), _>(fail(if p == Packing::Packed {
+                "packed: no"
+            } else {
+                "pitched: no"
+            }))
+        });
+        let message = ran.expect_err("both failed").0;
+        assert!(
+            message.contains("pitched: no") && message.contains("packed: no"),
+            "{message}"
+        );
+        // Packed first: one try, its error as it is.
+        let tried = RefCell::new(Vec::new());
+        let ran = in_layouts(Packing::Packed, |p| {
+            tried.borrow_mut().push(p);
+            Err::<(), _>(fail("packed: no"))
+        });
+        assert_eq!(ran.expect_err("failed").0, "packed: no");
+        assert_eq!(*tried.borrow(), [Packing::Packed]);
     }
 
     #[test]
