@@ -92,10 +92,8 @@ pub fn jpeg_end_of_image(bytes: &[u8]) -> Result<usize, String> {
     let mut at = 2;
     loop {
         // The next marker: stray bytes, then any number of 0xFF fill bytes, then the code.
-        let ff = bytes[at.min(bytes.len())..]
-            .iter()
-            .position(|&b| b == 0xFF)
-            .ok_or_else(|| truncated(at))?;
+        let ff =
+            memchr::memchr(0xFF, &bytes[at.min(bytes.len())..]).ok_or_else(|| truncated(at))?;
         at += ff;
         while bytes.get(at) == Some(&0xFF) {
             at += 1;
@@ -132,10 +130,8 @@ pub fn jpeg_end_of_image(bytes: &[u8]) -> Result<usize, String> {
             // Entropy-coded data follows the scan header, up to the next marker that is not a
             // stuffed byte (FF 00) or a restart marker.
             loop {
-                let ff = bytes[at..]
-                    .iter()
-                    .position(|&b| b == 0xFF)
-                    .ok_or_else(|| truncated(bytes.len()))?;
+                let ff =
+                    memchr::memchr(0xFF, &bytes[at..]).ok_or_else(|| truncated(bytes.len()))?;
                 at += ff;
                 match bytes.get(at + 1) {
                     None => return Err(truncated(at + 1)),

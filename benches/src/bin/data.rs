@@ -128,7 +128,8 @@ fn run(args: Args) -> Result<()> {
     let train = Transform::train(args.size);
     let val = Transform::val(args.size);
     let s = args.size as usize;
-    parallel_for(workers, n, |i| {
+    let stage_images = if args.no_stages { 0 } else { n };
+    parallel_for(workers, stage_images, |i| {
         let p = &paths[i];
         let t0 = Instant::now();
         let Ok(bytes) = std::fs::read(p) else { return };
