@@ -285,6 +285,7 @@ where
     let args = &ctx.args;
     B::seed(&device, args.seed);
     let model = config.init::<B>(num_classes, &device);
+    crate::model::draw_parameters(&model);
     let start = resume::start::<B, _, _>(
         ctx,
         model,
@@ -336,6 +337,7 @@ where
     let mut val = val_loader(args, folder, ctx.dist.rank(), ctx.dist.world_size())?;
     B::seed(&device, args.seed);
     let model = config.init::<B>(num_classes, &device);
+    crate::model::draw_parameters(&model);
     let model = resume::evaluation_model::<B, _>(ctx, model, &device)?;
     let model = broadcast_parameters::<B, _>(ctx.comm(), model, 0)?;
     let metrics = evaluate::<B, C::Model<B>>(ctx, &model.valid(), &mut val, None, &device)?;
