@@ -55,6 +55,26 @@ impl ClassifierConfig for ResNetFamily {
     }
 }
 
+/// Draws every parameter's initial value now, in the module's visit order. Burn initialises a
+/// parameter lazily, at its first use, from the backend's global generator: the weights a seed
+/// gives would otherwise depend on which code touches the parameters first, and one process (no
+/// broadcast) started from other weights than several processes with the same `--seed`.
+pub fn draw_parameters<B: Backend, M: Module<B>>(model: &M) {
+    struct Draw;
+    impl<B: Backend> ModuleVisitor<B> for Draw {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let _ = param.val();
+        }
+        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
+            let _ = param.val();
+        }
+        fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
+            let _ = param.val();
+        }
+    }
+    model.visit(&mut Draw);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,24 +97,4 @@ mod tests {
             }
         }
     }
-}
-
-/// Draws every parameter's initial value now, in the module's visit order. Burn initialises a
-/// parameter lazily, at its first use, from the backend's global generator: the weights a seed
-/// gives would otherwise depend on which code touches the parameters first, and one process (no
-/// broadcast) started from other weights than several processes with the same `--seed`.
-pub fn draw_parameters<B: Backend, M: Module<B>>(model: &M) {
-    struct Draw;
-    impl<B: Backend> ModuleVisitor<B> for Draw {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let _ = param.val();
-        }
-        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
-            let _ = param.val();
-        }
-        fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
-            let _ = param.val();
-        }
-    }
-    model.visit(&mut Draw);
 }
