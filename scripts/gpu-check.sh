@@ -232,6 +232,22 @@ run_checks() {
         LIMIT_S=90 busy_row "train_step b64 TF32 cuDNN conv, packed operands" \
             env BURN_HOROVOD_CUDNN_PACKED=1 BURN_HOROVOD_CUDNN_TF32=1 "${ts[@]}" --backend cuda --conv fast
         LIMIT_S=100 busy_row "train_step b64 bf16 cuDNN conv, fusion" "${ts[@]}" --backend cuda --conv fast --amp bf16
+        #    Where the GPU's time goes: Nsight Compute times 4,000 consecutive kernels well past
+        #    the warm-up (skip 12,000 launches of 30 steps) and sums them by kernel name. Only the
+        #    duration is collected (fast replay); the clocks are left as they are. Cached kernels
+        #    by now. Its summary goes to the log; the table gets the path.
+        local ncu_bin
+        ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+        if [ -n "$ncu_bin" ]; then
+            LIMIT_S=180 row "ncu: GPU time by kernel, fp32 cuDNN, no fusion (ncu-kernels.txt)" \
+                "$ncu_bin" --clock-control none --metrics gpu__time_duration.sum \
+                --launch-skip 12000 --launch-count 4000 --print-summary per-kernel \
+                --log-file "$out/ncu-kernels.txt" \
+                "$bin/train_step" --model resnet50 --image-size 224 --batch 64 --steps 30 \
+                --warmup 2 --no-data --backend cuda-raw --conv fast
+        else
+            echo "| ncu | not on this machine | |" >> "$table"
+        fi
         #    Last: compiling and autotuning Burn's conv kernels took over 150 s on 2026-12-04.
         LIMIT_S=200 busy_row "train_step b64 fp32 Burn conv, fusion" "${ts[@]}" --backend cuda --conv burn
     fi
