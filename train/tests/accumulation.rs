@@ -29,27 +29,50 @@ const EXE: &str = env!("CARGO_BIN_EXE_train");
 const BASE_LR: f64 = 0.005;
 const STEPS: usize = 3;
 
+/// What a finished job left: its exported weights by name (running statistics left out), its
+/// stdout, and the samples of each step over every rank, sorted.
+struct Job {
+    weights: BTreeMap<String, Vec<f32>>,
+    stdout: String,
+    steps: BTreeMap<usize, Vec<usize>>,
+}
+
+/// The parameters of `run_dir`'s exported `checkpoint-1.safetensors`, without BatchNorm's running
+/// statistics (they follow the batch statistics, not the update).
+fn read_weights(run_dir: &Path) -> BTreeMap<String, Vec<f32>> {
+    let bytes = std::fs::read(run_dir.join("checkpoint-1.safetensors")).expect("exported weights");
+    let file = SafeTensors::deserialize(&bytes).expect("safetensors");
+    let mut weights = BTreeMap::new();
+    for (name, view) in file.tensors() {
+        if name.contains("running_") || name.contains("num_batches") {
+            continue;
+        }
+        assert_eq!(view.dtype(), Dtype::F32, "{name}");
+        let values = view
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        weights.insert(name, values);
+    }
+    weights
+}
+
 /// A job of `nproc` processes × `bpa` passes of one image at 64 px (ResNet-18's last stage is
-/// then 2 × 2, so BatchNorm over one image has a variance), `STEPS` optimizer steps. Returns the
-/// exported weights by name (running statistics left out), stdout, and the samples of each step
-/// over every rank, sorted.
+/// then 2 × 2, so BatchNorm over one image has a variance), `STEPS` optimizer steps.
 fn run(
     dir: &Path,
     name: &str,
     data: &(std::path::PathBuf, std::path::PathBuf),
     nproc: usize,
     bpa: usize,
-) -> (
-    BTreeMap<String, Vec<f32>>,
-    String,
-    BTreeMap<usize, Vec<usize>>,
-) {
+) -> Job {
     let run_dir = dir.join(name);
     let trace = run_dir.join("trace");
-    let mut command = train_command(EXE, &run_dir, &data.0, &data.1);
+    let template = train_command(EXE, &run_dir, &data.0, &data.1);
     // `train_command` passes --batch-size 8 and --image-size 32; clap refuses a flag given
-    // twice, so rewrite the values in place.
-    let mut args: Vec<std::ffi::OsString> = command.get_args().map(|a| a.to_owned()).collect();
+    // twice, so rewrite the values in place (its environment is set again below).
+    let mut args: Vec<std::ffi::OsString> = template.get_args().map(|a| a.to_owned()).collect();
     for (flag, value) in [("--batch-size", "1"), ("--image-size", "64")] {
         let at = args
             .iter()
@@ -79,23 +102,6 @@ fn run(
         .env("TRAIN_TRACE_SAMPLES", &trace)
         .stdin(std::process::Stdio::null());
     let output = run_ok(&mut command);
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-
-    let bytes = std::fs::read(run_dir.join("checkpoint-1.safetensors")).expect("exported weights");
-    let file = SafeTensors::deserialize(&bytes).expect("safetensors");
-    let mut weights = BTreeMap::new();
-    for (name, view) in file.tensors() {
-        if name.contains("running_") || name.contains("num_batches") {
-            continue;
-        }
-        assert_eq!(view.dtype(), Dtype::F32, "{name}");
-        let values = view
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        weights.insert(name, values);
-    }
 
     let mut steps: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for rank in 0..nproc {
@@ -112,7 +118,11 @@ fn run(
     for samples in steps.values_mut() {
         samples.sort_unstable();
     }
-    (weights, stdout, steps)
+    Job {
+        weights: read_weights(&run_dir),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        steps,
+    }
 }
 
 /// `after − before` over every parameter, in name order.
@@ -142,59 +152,51 @@ fn two_passes_per_allreduce_train_like_two_processes_on_the_same_images() {
 
     // The starting weights: one process, one pass, one step at a rate no f32 weight moves by
     // (0 is refused; weight decay is scaled by the rate too).
-    let start = {
-        let run_dir = dir.path().join("start");
-        let mut command = train_command(EXE, &run_dir, &data.0, &data.1);
-        run_ok(command.args([
-            "--epochs",
-            "1",
-            "--max-steps-per-epoch",
-            "1",
-            "--base-lr",
-            "1e-30",
-        ]));
-        let bytes = std::fs::read(run_dir.join("checkpoint-1.safetensors")).expect("weights");
-        let file = SafeTensors::deserialize(&bytes).expect("safetensors");
-        file.tensors()
-            .into_iter()
-            .filter(|(name, _)| !name.contains("running_") && !name.contains("num_batches"))
-            .map(|(name, view)| {
-                let values = view
-                    .data()
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect::<Vec<f32>>();
-                (name, values)
-            })
-            .collect::<BTreeMap<_, _>>()
-    };
+    let start_dir = dir.path().join("start");
+    run_ok(train_command(EXE, &start_dir, &data.0, &data.1).args([
+        "--epochs",
+        "1",
+        "--max-steps-per-epoch",
+        "1",
+        "--base-lr",
+        "1e-30",
+    ]));
+    let start = read_weights(&start_dir);
 
-    let (two_procs, two_procs_out, two_procs_steps) = run(dir.path(), "world2", &data, 2, 1);
-    let (accumulated, accumulated_out, accumulated_steps) = run(dir.path(), "bpa2", &data, 1, 2);
+    let two_procs = run(dir.path(), "world2", &data, 2, 1);
+    let accumulated = run(dir.path(), "bpa2", &data, 1, 2);
 
     assert!(
-        accumulated_out.contains("1 per process x 2 per allreduce = 2 global"),
-        "{accumulated_out}"
+        accumulated
+            .stdout
+            .contains("1 per process x 2 per allreduce = 2 global"),
+        "{}",
+        accumulated.stdout
     );
     assert!(
-        two_procs_out.contains("1 per process x 1 per allreduce = 2 global"),
-        "{two_procs_out}"
+        two_procs
+            .stdout
+            .contains("1 per process x 1 per allreduce = 2 global"),
+        "{}",
+        two_procs.stdout
     );
-    for out in [&two_procs_out, &accumulated_out] {
-        assert!(out.contains("-> peak 0.01 "), "{out}");
+    for job in [&two_procs, &accumulated] {
+        assert!(job.stdout.contains("-> peak 0.01 "), "{}", job.stdout);
     }
-    assert_eq!(accumulated_steps.len(), STEPS, "{accumulated_steps:?}");
-    assert!(accumulated_steps.values().all(|s| s.len() == 2));
+    assert_eq!(accumulated.steps.len(), STEPS, "{:?}", accumulated.steps);
+    assert!(accumulated.steps.values().all(|s| s.len() == 2));
     assert_eq!(
-        accumulated_steps, two_procs_steps,
+        accumulated.steps, two_procs.steps,
         "each optimizer step trains on the same two samples"
     );
 
-    let (two, acc) = (update(&two_procs, &start), update(&accumulated, &start));
+    let two = update(&two_procs.weights, &start);
+    let acc = update(&accumulated.weights, &start);
     let diff: Vec<f64> = two.iter().zip(&acc).map(|(a, b)| a - b).collect();
     let relative = norm(&diff) / norm(&two);
     eprintln!(
-        "update norms: 2 processes {:.4e}, 1 process x 2 passes {:.4e}, relative difference {relative:.3e}",
+        "update norms: 2 processes {:.4e}, 1 process x 2 passes {:.4e}, relative difference \
+         {relative:.3e}",
         norm(&two),
         norm(&acc)
     );
