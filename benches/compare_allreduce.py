@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Compare burn-dist's host all-reduce with torch.distributed Gloo (run by hand, never by tests).
+"""Compare burn-dist's host all-reduce with torch.distributed Gloo and Open MPI (run by hand, never
+by tests).
 
     python3 benches/compare_allreduce.py --nproc 2 [--max-bytes 268435456] [--skip-build]
     python3 benches/compare_allreduce.py --exe before=/path/to/old/allreduce --exe after=target/release/allreduce
@@ -9,12 +10,16 @@ Each `--exe LABEL=PATH` adds one of our binaries to the same run (e.g. before an
 
 Runs the same sweep as `benches/src/bin/allreduce.rs` (in-place f32 sum, 8 B .. max ×2, warm-up,
 then timed iterations; busbw = algbw * 2(n-1)/n as nccl-tests) with Gloo on 127.0.0.1 using
-`--nproc` processes, runs our binary with `--json`, and prints both tables and the busbw ratio.
-Needs `pip install torch`.
+`--nproc` processes, runs our binary with `--json`, and prints the tables and the busbw ratios.
+Needs `pip install torch`. The Open MPI column runs when `mpirun` and mpi4py are there (Debian:
+`apt install openmpi-bin libopenmpi-dev`, then `pip install mpi4py numpy`), with Open MPI's own
+defaults for one machine (shared memory through its `vader` transport and `coll/tuned`); it is
+skipped, and says so, otherwise.
 """
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -82,6 +87,58 @@ def run_gloo(args):
     return rows
 
 
+def mpi_worker(args):
+    """One rank under `mpirun`: the same sweep through mpi4py's in-place Allreduce."""
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, nproc = comm.Get_rank(), comm.Get_size()
+    rows = []
+    nbytes = max(args.min_bytes, 4)
+    while nbytes <= args.max_bytes:
+        count = nbytes // 4
+        idx = np.arange(count, dtype=np.int64)
+        buf = (((idx % 13) + 1.0) * (rank + 1) * 1e-3).astype(np.float32)
+        iters = iterations(nbytes, args.iters)
+        for _ in range(args.warmup):
+            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        t = comm.allreduce((time.perf_counter() - t0) / iters, op=MPI.MAX)
+        check = (((idx % 13) + 1.0) * (rank + 1)).astype(np.float32)
+        comm.Allreduce(MPI.IN_PLACE, check, op=MPI.SUM)
+        expect = (((idx % 13) + 1.0) * (nproc * (nproc + 1) / 2)).astype(np.float32)
+        wrong = comm.allreduce(int((check != expect).sum()), op=MPI.SUM)
+        algbw = nbytes / t / 1e9
+        rows.append({"size": nbytes, "count": count, "type": "float", "time_us": t * 1e6, "algbw_gbs": algbw,
+                     "busbw_gbs": algbw * 2 * (nproc - 1) / nproc, "wrong": wrong})
+        nbytes *= 2
+    if rank == 0:
+        for r in rows:
+            print(json.dumps(r), flush=True)
+
+
+def run_mpi(args):
+    """Open MPI's rows, or None (and why) when mpirun or mpi4py is missing."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        return None, "no mpirun on PATH"
+    probe = subprocess.run([sys.executable, "-c", "import mpi4py, numpy"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return None, "mpi4py or numpy missing for " + sys.executable
+    cmd = [mpirun, "-np", str(args.nproc), "--bind-to", "none"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += [sys.executable, os.path.abspath(__file__), "--mpi-worker",
+            "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
+            "--warmup", str(args.warmup), "--iters", str(args.iters)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")], None
+
+
 def run_ours(args, exe, env_extra):
     env = dict(os.environ, **env_extra)
     out = subprocess.run([exe, "--nproc", str(args.nproc), "--backend", "host", "--json",
@@ -125,25 +182,43 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--skip-build", action="store_true", help="use the existing target/release/allreduce")
-    ap.add_argument("--only", choices=["ours", "gloo"], help="run one side only")
+    ap.add_argument("--only", choices=["ours", "gloo", "mpi"], action="append",
+                    help="run only these sides (repeatable)")
     ap.add_argument("--exe", action="append", help="LABEL=PATH[@VAR=VALUE] of an allreduce binary; repeatable")
+    ap.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    ours = [(label, run_ours(args, path, env)) for label, path, env in binaries(args)] if args.only != "gloo" else []
-    gloo = run_gloo(args) if args.only != "ours" else []
+    if args.mpi_worker:
+        return mpi_worker(args)
+    sides = set(args.only or ["ours", "gloo", "mpi"])
+    ours = [(label, run_ours(args, path, env)) for label, path, env in binaries(args)] if "ours" in sides else []
+    anchors = []
+    if "mpi" in sides:
+        mpi, why = run_mpi(args)
+        if mpi is None:
+            print(f"# Open MPI skipped: {why}")
+        else:
+            anchors.append(("openmpi", mpi))
+    if "gloo" in sides:
+        anchors.append(("gloo", run_gloo(args)))
     for label, rows in ours:
         table(f"burn-dist host ({label}), {args.nproc} processes", rows)
-    if gloo:
-        table(f"torch.distributed gloo, {args.nproc} processes", gloo)
-    if ours and gloo:
-        heads = "".join(f" {label + ' busbw':>14} {'ratio':>6}" for label, _ in ours)
-        print(f"# {'size(B)':>12} {'gloo busbw':>12}{heads}")
-        for i, g in enumerate(gloo):
-            cells = ""
+    for label, rows in anchors:
+        table(f"{label}, {args.nproc} processes", rows)
+    # One line per size: every anchor's busbw, then each of ours with its ratio to every anchor.
+    if ours and anchors:
+        heads = "".join(f" {label + ' busbw':>14}" for label, _ in anchors)
+        for label, _ in ours:
+            heads += f" {label + ' busbw':>14}" + "".join(f" {'/' + a:>8}" for a, _ in anchors)
+        print(f"# {'size(B)':>12}{heads}")
+        for i, first in enumerate(anchors[0][1]):
+            cells = "".join(f" {rows[i]['busbw_gbs']:>14.3f}" for _, rows in anchors)
             for _, rows in ours:
                 b = rows[i]["busbw_gbs"]
-                ratio = b / g["busbw_gbs"] if g["busbw_gbs"] > 0 else float("nan")
-                cells += f" {b:>14.3f} {ratio:>6.2f}"
-            print(f"  {g['size']:>12} {g['busbw_gbs']:>12.3f}{cells}")
+                cells += f" {b:>14.3f}"
+                for _, arows in anchors:
+                    g = arows[i]["busbw_gbs"]
+                    cells += f" {b / g if g > 0 else float('nan'):>8.2f}"
+            print(f"  {first['size']:>12}{cells}")
     print(f"# load average at the end: {os.getloadavg()}")
 
 

@@ -122,8 +122,8 @@ fn collectives_agree_with_reference_on_2_3_4_processes() {
     for n in [2, 3, 4] {
         let out = run_ok(n, &|_| strings(&["collectives"]));
         assert_same_checksum(n, &out);
-        // Same machine: large all-reduces went through shared memory (segments of up to 8 MB,
-        // more than one 4 MiB slot, are in the checksum).
+        // Same machine: the all-reduces went through shared memory (buffers of up to 8 MB, many
+        // 256 KiB slots, are in the checksum).
         assert_transport(&out, "tcp ring + shared memory");
     }
 }

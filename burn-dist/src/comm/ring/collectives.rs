@@ -325,5 +325,14 @@ pub(super) fn shm_failure(e: crate::comm::ring::shm::ShmError) -> RingError {
                 theirs.0, theirs.1
             ),
         },
+        crate::comm::ring::shm::ShmError::OtherKind {
+            rank,
+            seq,
+            len,
+            theirs,
+        } => RingError::Mismatch {
+            ours: format!("collective #{seq} (all_reduce of {len} elements)"),
+            theirs: format!("collective #{seq} ({theirs}) on rank {rank}"),
+        },
     }
 }

@@ -276,7 +276,7 @@ impl TcpRing {
         }
     }
 
-    /// Decides (identically on every rank) whether large all-reduces go through shared memory:
+    /// Decides (identically on every rank) whether all-reduces go through shared memory:
     /// all ranks on one machine, and every rank created its segment and mapped everyone's. The
     /// segment names are drawn by rank 0 and travel through the store (authenticated by the job
     /// token); each rank unlinks its own once everyone has mapped it.

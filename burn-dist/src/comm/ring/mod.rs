@@ -41,8 +41,6 @@ pub const ADDR_ENV: &str = "BURN_DIST_ADDR";
 /// Largest per-step message sent from the calling thread (no sender thread): small enough that
 /// the n-1 steps a rank may run ahead always fit in the socket buffers.
 const INLINE_MAX_BYTES: usize = 16 << 10;
-/// All-reduces from this size on go through shared memory when every rank is on one machine.
-const SHM_MIN_BYTES: usize = 32 << 10;
 /// Set to 0 to keep same-machine ranks on the TCP ring (no shared-memory segments).
 pub const SHM_ENV: &str = "BURN_DIST_SHM";
 /// Socket buffer size requested (the kernel may clamp it).
@@ -230,6 +228,9 @@ impl TcpRing {
         links.next.deadline = deadline;
         links.prev.deadline = deadline;
         let seq = links.seq;
+        if let Some(shm) = &links.shm {
+            shm.announce(seq, op);
+        }
         self.activity.set(seq, op, true);
         let fail = |e: RingError| self.explain(op, e);
         let result = f(&mut links, &fail);
@@ -322,10 +323,9 @@ impl Communicator for TcpRing {
     fn all_reduce(&self, buf: HostBuf<'_>, op: ReduceOp) -> Result<()> {
         let (rank, n) = (self.rank, self.world_size);
         let deadline = Instant::now() + self.timeout;
-        let shared = buf.len() * buf.dtype().size() >= SHM_MIN_BYTES;
         self.run("all_reduce", |l, fail| {
             let seq = l.seq;
-            match l.shm.as_mut().filter(|_| shared) {
+            match l.shm.as_mut() {
                 Some(shm) => with_slice!(buf, s => shm.all_reduce(s, op, seq, deadline))
                     .map_err(|e| fail(shm_failure(e))),
                 None => with_slice!(buf, s => ring_all_reduce(l, rank, n, s, op, fail)),
