@@ -11,6 +11,10 @@ Each `--exe LABEL=PATH` adds one of our binaries to the same run (e.g. before an
 Runs the same sweep as `benches/src/bin/allreduce.rs` (in-place f32 sum, 8 B .. max ×2, warm-up,
 then timed iterations; busbw = algbw * 2(n-1)/n as nccl-tests) with Gloo on 127.0.0.1 using
 `--nproc` processes, runs our binary with `--json`, and prints the tables and the busbw ratios.
+`--rounds N` (default 3) runs every side N times, interleaved in a rotating order, and reports
+medians and the median (min-max) of the ratios taken within each round: on a VM the same binary
+can run 4x faster or slower from one minute to the next (whether the host keeps both vCPUs on
+one cache), so a single pass per side does not rank them.
 Needs `pip install torch`. The Open MPI column runs when `mpirun` and mpi4py are there (Debian:
 `apt install openmpi-bin libopenmpi-dev`, then `pip install mpi4py numpy`), with Open MPI's own
 defaults for one machine (shared memory through its `vader` transport and `coll/tuned`); it is
@@ -21,6 +25,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -185,41 +190,74 @@ def main():
     ap.add_argument("--only", choices=["ours", "gloo", "mpi"], action="append",
                     help="run only these sides (repeatable)")
     ap.add_argument("--exe", action="append", help="LABEL=PATH[@VAR=VALUE] of an allreduce binary; repeatable")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds of every side; medians and per-round ratios are reported")
     ap.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.mpi_worker:
         return mpi_worker(args)
     sides = set(args.only or ["ours", "gloo", "mpi"])
-    ours = [(label, run_ours(args, path, env)) for label, path, env in binaries(args)] if "ours" in sides else []
-    anchors = []
+    # Every side is a thunk returning one sweep's rows; each round runs them all, in an order
+    # rotated per round, so a machine whose speed drifts between minutes (a VM whose cores the
+    # host moves) weighs on every side alike, and ratios are taken within a round.
+    runs = [("ours", label, lambda p=path, e=env: run_ours(args, p, e))
+            for label, path, env in binaries(args)] if "ours" in sides else []
+    first_mpi = None
     if "mpi" in sides:
         mpi, why = run_mpi(args)
         if mpi is None:
             print(f"# Open MPI skipped: {why}")
         else:
-            anchors.append(("openmpi", mpi))
+            runs.append(("anchor", "openmpi", lambda: run_mpi(args)[0]))
+            first_mpi = mpi
     if "gloo" in sides:
-        anchors.append(("gloo", run_gloo(args)))
-    for label, rows in ours:
-        table(f"burn-dist host ({label}), {args.nproc} processes", rows)
-    for label, rows in anchors:
-        table(f"{label}, {args.nproc} processes", rows)
-    # One line per size: every anchor's busbw, then each of ours with its ratio to every anchor.
+        runs.append(("anchor", "gloo", lambda: run_gloo(args)))
+    rounds = {label: [] for _, label, _ in runs}
+    for r in range(args.rounds):
+        shift = r % len(runs) if runs else 0
+        for kind, label, sweep in runs[shift:] + runs[:shift]:
+            rows = first_mpi if (label == "openmpi" and r == 0) else sweep()
+            rounds[label].append(rows)
+    ours = [label for kind, label, _ in runs if kind == "ours"]
+    anchors = [label for kind, label, _ in runs if kind == "anchor"]
+    for label in ours + anchors:
+        what = f"burn-dist host ({label})" if label in ours else label
+        table(f"{what}, {args.nproc} processes, median of {args.rounds} round(s)", medians(rounds[label]))
+    # One line per size: every anchor's median busbw, then each of ours with the median (and the
+    # range) of its per-round ratio to every anchor.
     if ours and anchors:
-        heads = "".join(f" {label + ' busbw':>14}" for label, _ in anchors)
-        for label, _ in ours:
-            heads += f" {label + ' busbw':>14}" + "".join(f" {'/' + a:>8}" for a, _ in anchors)
+        heads = "".join(f" {label + ' busbw':>14}" for label in anchors)
+        for label in ours:
+            heads += f" {label + ' busbw':>14}" + "".join(f" {'/' + a:>18}" for a in anchors)
         print(f"# {'size(B)':>12}{heads}")
-        for i, first in enumerate(anchors[0][1]):
-            cells = "".join(f" {rows[i]['busbw_gbs']:>14.3f}" for _, rows in anchors)
-            for _, rows in ours:
-                b = rows[i]["busbw_gbs"]
-                cells += f" {b:>14.3f}"
-                for _, arows in anchors:
-                    g = arows[i]["busbw_gbs"]
-                    cells += f" {b / g if g > 0 else float('nan'):>8.2f}"
+        for i, first in enumerate(rounds[anchors[0]][0]):
+            cells = "".join(f" {median_busbw(rounds[a], i):>14.3f}" for a in anchors)
+            for label in ours:
+                cells += f" {median_busbw(rounds[label], i):>14.3f}"
+                for a in anchors:
+                    ratios = [o[i]["busbw_gbs"] / g[i]["busbw_gbs"]
+                              for o, g in zip(rounds[label], rounds[a]) if g[i]["busbw_gbs"] > 0]
+                    cell = (f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+                            if ratios else "nan")
+                    cells += f" {cell:>18}"
             print(f"  {first['size']:>12}{cells}")
     print(f"# load average at the end: {os.getloadavg()}")
+
+
+def median_busbw(sweeps, i):
+    return statistics.median(rows[i]["busbw_gbs"] for rows in sweeps)
+
+
+def medians(sweeps):
+    """One sweep's rows with every number the median over the rounds (`wrong` the maximum)."""
+    out = []
+    for i, first in enumerate(sweeps[0]):
+        row = dict(first)
+        for key in ("time_us", "algbw_gbs", "busbw_gbs"):
+            row[key] = statistics.median(rows[i][key] for rows in sweeps)
+        row["wrong"] = max(rows[i]["wrong"] for rows in sweeps)
+        out.append(row)
+    return out
 
 
 if __name__ == "__main__":
