@@ -13,12 +13,13 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::{GradientsParams, Optimizer, SgdConfig, momentum::MomentumConfig};
+use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor};
 use clap::Parser;
 use data::{DistributedSampler, ImageFolder, Loader, LoaderConfig};
 use models::{ImageClassifier, OpImpl, ResNet, ResNetConfig};
+use train::optim::{DecayGroups, OptimizerKind, OptimizerSettings, TorchOptimizer};
 
 #[derive(Parser, Debug)]
 #[command(about = "ResNet training-step throughput (forward + backward + SGD step)")]
@@ -57,6 +58,10 @@ struct Args {
     /// training thread.
     #[arg(long)]
     checkpoint_every: Option<usize>,
+    /// The optimizer step, SGD with momentum 0.9 as `train` runs it (`train::optim`): `fused`
+    /// (one in-place pass per parameter on Flex, the default) or `tensor` (Burn's tensor ops).
+    #[arg(long, default_value = "fused")]
+    update: String,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -82,6 +87,11 @@ fn main() -> anyhow::Result<()> {
         .and_then(|d| d.parse().ok())
         .with_context(|| format!("--model {}: expected resnet18|34|50|101|152", args.model))?;
     let config = ResNetConfig::from_depth(depth, 1000)?;
+    match args.update.as_str() {
+        "fused" => train::optim::update::set_fused_update(true),
+        "tensor" => train::optim::update::set_fused_update(false),
+        other => bail!("--update {other}: expected fused or tensor"),
+    }
     if args.batch == 0 || args.steps == 0 {
         bail!("--batch and --steps must be at least 1");
     }
@@ -265,9 +275,16 @@ fn time_steps<B: AutodiffBackend>(
     B::seed(device, 0);
     let mut model: ResNet<B> = config.init(device);
     let loss_fn = CrossEntropyLossConfig::new().init(device);
-    let mut optimizer = SgdConfig::new()
-        .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
-        .init();
+    let mut optimizer = TorchOptimizer::<ResNet<B>, B>::new(OptimizerSettings {
+        kind: OptimizerKind::Sgd,
+        momentum: 0.9,
+        decay: DecayGroups {
+            weight_decay: 0.0,
+            norm: None,
+            bias: None,
+        },
+        clip_grad_norm: None,
+    });
     let mut fwd_bwd = Vec::new();
     let mut step = Vec::new();
     let mut every_step = Vec::new();

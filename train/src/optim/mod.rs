@@ -6,6 +6,7 @@
 //! - [`groups`]: which weight decay each parameter gets, from its module path, as torchvision's
 //!   `set_weight_decay` splits a model.
 //! - [`update`]: the per-tensor update rules, as `torch.optim` writes them.
+//! - [`fused`]: the same rules on Flex in one in-place pass (bit for bit the same result).
 //! - [`clip`]: the global gradient norm and `clip_grad_norm_`'s factor, kept on the device.
 //! - [`optimizer`]: the optimizer itself, its per-parameter state and its record.
 //!
@@ -15,6 +16,7 @@
 //! and both bias corrections.
 
 pub mod clip;
+mod fused;
 pub mod groups;
 pub mod optimizer;
 pub mod settings;

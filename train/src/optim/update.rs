@@ -2,6 +2,8 @@
 //! (`_single_tensor_sgd`, `_single_tensor_rmsprop`, `_single_tensor_adamw`), on flattened
 //! tensors so that one state layout serves every rank of parameter.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
@@ -26,9 +28,39 @@ pub struct ParamState<B: Backend> {
     pub buffers: Vec<Tensor<B, 1>>,
 }
 
+/// Whether [`step`] takes the fused in-place update where it exists (Flex); on by default.
+static FUSED: AtomicBool = AtomicBool::new(true);
+
+/// Turns the fused in-place update on Flex on or off for this process (off: Burn's tensor ops on
+/// every backend), for comparison; the two give the same bits.
+pub fn set_fused_update(on: bool) {
+    FUSED.store(on, Ordering::Relaxed);
+}
+
 /// One step of `rule` on `param` (flattened) with gradient `grad`, learning rate `lr` and this
-/// parameter's weight decay `wd`. Returns the new parameter and state.
+/// parameter's weight decay `wd`. Returns the new parameter and state. On Flex the update runs
+/// fused and in place ([`super::fused`]); elsewhere as [`tensor_step`].
 pub(crate) fn step<B: Backend>(
+    rule: Rule,
+    lr: f64,
+    wd: f64,
+    param: Tensor<B, 1>,
+    grad: Tensor<B, 1>,
+    state: Option<ParamState<B>>,
+) -> (Tensor<B, 1>, ParamState<B>) {
+    let (param, grad, state) = if FUSED.load(Ordering::Relaxed) {
+        match super::fused::step(rule, lr, wd, (param, grad, state)) {
+            Ok(out) => return out,
+            Err(args) => args,
+        }
+    } else {
+        (param, grad, state)
+    };
+    tensor_step(rule, lr, wd, param, grad, state)
+}
+
+/// [`step`] written with Burn's tensor ops, for every backend.
+pub(crate) fn tensor_step<B: Backend>(
     rule: Rule,
     lr: f64,
     wd: f64,
