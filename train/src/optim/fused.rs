@@ -12,6 +12,7 @@
 
 use burn::tensor::{DType, Tensor, TensorPrimitive};
 use burn_flex::{Flex, FlexTensor};
+use rayon::prelude::*;
 
 use super::update::{ParamState, Rule};
 
@@ -94,98 +95,35 @@ fn step_flex(
     let (Some(mut p), Some(g)) = (dense(primitive(param), n), dense(primitive(grad), n)) else {
         unreachable!("f32 tensors of n elements are dense once contiguous")
     };
-    // Missing state starts as zeros, which every rule's first step turns into torch's first
-    // value (e.g. SGD's `buf = 0 * momentum + d_p = d_p`), bit for bit: `0 * x + y == y`.
+    // Missing state starts as zeros; `had_state` makes every rule's first step write torch's
+    // first value (e.g. SGD's `buf = d_p`) instead of reading them.
     let mut buffers: Vec<FlexTensor> = match state {
         Some(s) => s
             .buffers
             .into_iter()
-            .map(|b| dense(primitive(b), n).expect("checked above"))
+            .map(|b| dense(primitive(b), n).expect("checked by usable"))
             .collect(),
         None => (0..wanted)
             .map(|_| primitive(Tensor::<Flex, 1>::zeros([n], &Default::default())))
             .collect(),
     };
-    let s = |x: f64| x as f32;
-    let (lr32, wd32) = (s(lr), s(wd));
-    // L2 decay folded into the gradient (SGD, RMSprop), as `update::step` does.
-    let l2 = |g: f32, p: f32| if wd != 0.0 { g + p * wd32 } else { g };
+    let kernel = Kernel::new(rule, lr, wd, step, had_state);
     let params = p.storage_mut::<f32>();
     let grads = g.storage::<f32>();
-    match rule {
-        Rule::Sgd { momentum, nesterov } => {
-            if momentum == 0.0 {
-                for (p, &g) in params.iter_mut().zip(grads) {
-                    *p -= l2(g, *p) * lr32;
-                }
-            } else {
-                let m = s(momentum);
-                let buf = buffers[0].storage_mut::<f32>();
-                for ((p, &g), b) in params.iter_mut().zip(grads).zip(buf.iter_mut()) {
-                    let d_p = l2(g, *p);
-                    *b = if had_state { *b * m + d_p } else { d_p };
-                    let d_p = if nesterov { d_p + *b * m } else { *b };
-                    *p -= d_p * lr32;
-                }
-            }
-        }
-        Rule::RmsProp {
-            alpha,
-            eps,
-            momentum,
-        } => {
-            let (a, one_minus_a, eps32, m) = (s(alpha), s(1.0 - alpha), s(eps), s(momentum));
-            let (avg, rest) = buffers.split_at_mut(1);
-            let avg = avg[0].storage_mut::<f32>();
-            let mut buf = rest.first_mut().map(|b| b.storage_mut::<f32>());
-            for (i, (p, &g)) in params.iter_mut().zip(grads).enumerate() {
-                let g = l2(g, *p);
-                let square = g * g * one_minus_a;
-                avg[i] = if had_state {
-                    avg[i] * a + square
-                } else {
-                    square
-                };
-                let scaled = g / (avg[i].sqrt() + eps32);
-                match buf.as_deref_mut() {
-                    Some(buf) => {
-                        buf[i] = if had_state {
-                            buf[i] * m + scaled
-                        } else {
-                            scaled
-                        };
-                        *p -= buf[i] * lr32;
-                    }
-                    None => *p -= scaled * lr32,
-                }
-            }
-        }
-        Rule::AdamW { beta1, beta2, eps } => {
-            let (b1, b2) = (s(beta1), s(beta2));
-            let (one_minus_b1, one_minus_b2, eps32) = (s(1.0 - beta1), s(1.0 - beta2), s(eps));
-            let decay = s(1.0 - lr * wd);
-            let bias_correction1 = 1.0 - beta1.powf(step as f64);
-            let bias_correction2 = 1.0 - beta2.powf(step as f64);
-            let step_size = s(lr / bias_correction1);
-            let root2 = s(bias_correction2.sqrt());
-            let (m, v) = buffers.split_at_mut(1);
-            let (m, v) = (m[0].storage_mut::<f32>(), v[0].storage_mut::<f32>());
-            for (i, (p, &g)) in params.iter_mut().zip(grads).enumerate() {
-                if wd != 0.0 {
-                    *p *= decay;
-                }
-                let first = g * one_minus_b1;
-                let second = g * g * one_minus_b2;
-                m[i] = if had_state { m[i] * b1 + first } else { first };
-                v[i] = if had_state {
-                    v[i] * b2 + second
-                } else {
-                    second
-                };
-                let denom = v[i].sqrt() / root2 + eps32;
-                *p -= m[i] / denom * step_size;
-            }
-        }
+    // Large tensors are split across the cores as Flex's own elementwise ops are; every element
+    // is still computed by the same expression, so the split changes no bit.
+    let chunk = n.div_ceil(rayon::current_num_threads()).max(CHUNK_MIN);
+    let params = params.par_chunks_mut(chunk).zip(grads.par_chunks(chunk));
+    match buffers.as_mut_slice() {
+        [] => params.for_each(|(p, g)| kernel.run(p, g, &mut [], &mut [])),
+        [b0] => params
+            .zip(b0.storage_mut::<f32>().par_chunks_mut(chunk))
+            .for_each(|((p, g), b0)| kernel.run(p, g, b0, &mut [])),
+        [b0, b1] => params
+            .zip(b0.storage_mut::<f32>().par_chunks_mut(chunk))
+            .zip(b1.storage_mut::<f32>().par_chunks_mut(chunk))
+            .for_each(|(((p, g), b0), b1)| kernel.run(p, g, b0, b1)),
+        _ => unreachable!("no rule keeps more than two buffers"),
     }
     (
         tensor(p),
@@ -194,6 +132,124 @@ fn step_flex(
             buffers: buffers.into_iter().map(tensor).collect(),
         },
     )
+}
+
+/// Elements below which a tensor is updated on one thread (spawning costs more).
+const CHUNK_MIN: usize = 1 << 15;
+
+/// A rule with its scalars rounded to `f32` as Burn's `mul_scalar`/`add_scalar` round them.
+struct Kernel {
+    rule: Rule,
+    had_state: bool,
+    lr: f32,
+    /// Weight decay (`None`: zero, and then not added at all, as in `update::step`).
+    wd: Option<f32>,
+    momentum: f32,
+    /// RMSprop's `alpha` and `1 - alpha`, or AdamW's `beta1` and `1 - beta1`.
+    a: (f32, f32),
+    /// AdamW's `beta2` and `1 - beta2`.
+    b: (f32, f32),
+    eps: f32,
+    /// AdamW: `1 - lr * wd`, `lr / bias_correction1`, `sqrt(bias_correction2)`.
+    decay: f32,
+    step_size: f32,
+    root2: f32,
+}
+
+impl Kernel {
+    fn new(rule: Rule, lr: f64, wd: f64, step: u64, had_state: bool) -> Self {
+        let s = |x: f64| x as f32;
+        let mut k = Self {
+            rule,
+            had_state,
+            lr: s(lr),
+            wd: (wd != 0.0).then_some(s(wd)),
+            momentum: 0.0,
+            a: (0.0, 0.0),
+            b: (0.0, 0.0),
+            eps: 0.0,
+            decay: s(1.0 - lr * wd),
+            step_size: 0.0,
+            root2: 0.0,
+        };
+        match rule {
+            Rule::Sgd { momentum, .. } => k.momentum = s(momentum),
+            Rule::RmsProp {
+                alpha,
+                eps,
+                momentum,
+            } => {
+                (k.a, k.eps, k.momentum) = ((s(alpha), s(1.0 - alpha)), s(eps), s(momentum));
+            }
+            Rule::AdamW { beta1, beta2, eps } => {
+                k.a = (s(beta1), s(1.0 - beta1));
+                k.b = (s(beta2), s(1.0 - beta2));
+                k.eps = s(eps);
+                k.step_size = s(lr / (1.0 - beta1.powf(step as f64)));
+                k.root2 = s((1.0 - beta2.powf(step as f64)).sqrt());
+            }
+        }
+        k
+    }
+
+    /// L2 decay folded into the gradient (SGD, RMSprop), as `update::step` does.
+    fn l2(&self, g: f32, p: f32) -> f32 {
+        match self.wd {
+            Some(wd) => g + p * wd,
+            None => g,
+        }
+    }
+
+    /// The update of one chunk: parameters `p`, gradients `g`, and the rule's buffers (empty
+    /// when it keeps fewer).
+    fn run(&self, p: &mut [f32], g: &[f32], b0: &mut [f32], b1: &mut [f32]) {
+        let (lr, fresh) = (self.lr, !self.had_state);
+        match self.rule {
+            Rule::Sgd { momentum: 0.0, .. } => {
+                for (p, &g) in p.iter_mut().zip(g) {
+                    *p -= self.l2(g, *p) * lr;
+                }
+            }
+            Rule::Sgd { nesterov, .. } => {
+                let m = self.momentum;
+                for ((p, &g), b) in p.iter_mut().zip(g).zip(b0.iter_mut()) {
+                    let d_p = self.l2(g, *p);
+                    *b = if fresh { d_p } else { *b * m + d_p };
+                    let d_p = if nesterov { d_p + *b * m } else { *b };
+                    *p -= d_p * lr;
+                }
+            }
+            Rule::RmsProp { momentum, .. } => {
+                let ((a, one_minus_a), m) = (self.a, self.momentum);
+                for (i, (p, &g)) in p.iter_mut().zip(g).enumerate() {
+                    let g = self.l2(g, *p);
+                    let square = g * g * one_minus_a;
+                    b0[i] = if fresh { square } else { b0[i] * a + square };
+                    let scaled = g / (b0[i].sqrt() + self.eps);
+                    if momentum > 0.0 {
+                        b1[i] = if fresh { scaled } else { b1[i] * m + scaled };
+                        *p -= b1[i] * lr;
+                    } else {
+                        *p -= scaled * lr;
+                    }
+                }
+            }
+            Rule::AdamW { .. } => {
+                let ((b1c, one_minus_b1), (b2c, one_minus_b2)) = (self.a, self.b);
+                for (i, (p, &g)) in p.iter_mut().zip(g).enumerate() {
+                    if self.wd.is_some() {
+                        *p *= self.decay;
+                    }
+                    let first = g * one_minus_b1;
+                    let second = g * g * one_minus_b2;
+                    b0[i] = if fresh { first } else { b0[i] * b1c + first };
+                    b1[i] = if fresh { second } else { b1[i] * b2c + second };
+                    let denom = b1[i].sqrt() / self.root2 + self.eps;
+                    *p -= b0[i] / denom * self.step_size;
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -245,8 +301,11 @@ mod tests {
             },
         ];
         let device = Default::default();
-        let n = 1037;
-        for rule in rules {
+        // One chunk, and several (split across the cores).
+        for (n, rule) in [1037, 2 * CHUNK_MIN + 77]
+            .into_iter()
+            .flat_map(|n| rules.map(|rule| (n, rule)))
+        {
             for wd in [0.0, 1e-4, 0.05] {
                 let mut fused = (
                     Tensor::<Flex, 1>::from_floats(&data(n, 1, 1.0)[..], &device),
@@ -264,7 +323,7 @@ mod tests {
                     fused = (p, Some(s));
                     let (p, s) = tensor_step(rule, lr, wd, reference.0, grad, reference.1);
                     reference = (p, Some(s));
-                    let what = format!("{rule:?}, wd {wd}, step {}", step + 1);
+                    let what = format!("{rule:?}, wd {wd}, {n} elements, step {}", step + 1);
                     let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
                     assert_eq!(
                         bits(values(&fused.0)),
