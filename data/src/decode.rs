@@ -5,8 +5,12 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
 use image::{ImageFormat, ImageReader, RgbImage};
+use zune_core::bytestream::ZCursor;
+use zune_core::colorspace::ColorSpace;
+use zune_core::options::DecoderOptions;
 
 use crate::DataError;
+use crate::transform::CropBox;
 
 fn bad(path: &Path, reason: impl Into<String>) -> DataError {
     DataError::BadImage {
@@ -28,6 +32,96 @@ fn bad(path: &Path, reason: impl Into<String>) -> DataError {
 pub fn decode_file(path: &Path) -> Result<RgbImage, DataError> {
     let bytes = std::fs::read(path).map_err(|e| bad(path, format!("cannot read: {e}")))?;
     decode_bytes(&bytes).map_err(|reason| bad(path, reason))
+}
+
+/// Reads `path` and decodes the pixels of the box `region` picks from the image's size; the
+/// rest of the returned image is unspecified.
+///
+/// `region` is called exactly once for a decodable image, before its pixels are decoded
+/// (`RandomResizedCrop` draws its box from the size in the header), and may return `None` for
+/// the whole image. Inside the box the pixels are exactly those of [`decode_file`].
+///
+/// # Errors
+/// As [`decode_file`].
+pub fn decode_file_region(
+    path: &Path,
+    region: impl FnOnce(u32, u32) -> Option<CropBox>,
+) -> Result<RgbImage, DataError> {
+    let bytes = std::fs::read(path).map_err(|e| bad(path, format!("cannot read: {e}")))?;
+    decode_bytes_region(&bytes, region).map_err(|reason| bad(path, reason))
+}
+
+/// [`decode_file_region`] for an in-memory image.
+///
+/// Only baseline colour JPEGs (YCbCr, what cameras and ImageNet hold) decode less than the
+/// whole image: the patched zune-jpeg skips the transforms of blocks outside the box and stops
+/// after its last row. Every other image is decoded whole, then `region` is asked.
+///
+/// # Errors
+/// As [`decode_bytes`].
+pub fn decode_bytes_region(
+    bytes: &[u8],
+    region: impl FnOnce(u32, u32) -> Option<CropBox>,
+) -> Result<RgbImage, String> {
+    if bytes.starts_with(&[0xFF, 0xD8]) {
+        jpeg_end_of_image(bytes)?;
+        let mut region = Some(region);
+        let direct = catch_unwind(AssertUnwindSafe(|| decode_jpeg_region(bytes, &mut region)));
+        match direct {
+            Ok(Some(img)) => return Ok(img),
+            Ok(None) => {}
+            Err(_) => return Err("the decoder panicked on this file".into()),
+        }
+        // Not a colour JPEG zune-jpeg decodes cleanly: the general path gives the same pixels
+        // as `decode_bytes` and its error messages.
+        let img = decode_bytes(bytes)?;
+        if let Some(region) = region {
+            region(img.width(), img.height());
+        }
+        return Ok(img);
+    }
+    let img = decode_bytes(bytes)?;
+    region(img.width(), img.height());
+    Ok(img)
+}
+
+/// The region decode of a YCbCr JPEG, with the options `image` gives zune-jpeg (lenient, no size
+/// limit, RGB out) so that the pixels are the same. `None`, with `region` not taken, for any
+/// other colour space or any error, which the general path then reports.
+fn decode_jpeg_region(
+    bytes: &[u8],
+    region: &mut Option<impl FnOnce(u32, u32) -> Option<CropBox>>,
+) -> Option<RgbImage> {
+    let options = DecoderOptions::default()
+        .set_strict_mode(false)
+        .set_max_width(usize::MAX)
+        .set_max_height(usize::MAX)
+        .jpeg_set_out_colorspace(ColorSpace::RGB);
+    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
+    decoder.decode_headers().ok()?;
+    if decoder.input_colorspace()? != ColorSpace::YCbCr {
+        return None;
+    }
+    let (width, height) = decoder.dimensions()?;
+    let (w, h) = (u32::try_from(width).ok()?, u32::try_from(height).ok()?);
+    if w == 0 || h == 0 {
+        return None;
+    }
+    let pick = region.take()?;
+    if let Some(b) = pick(w, h) {
+        decoder.set_region(
+            b.left as usize,
+            b.top as usize,
+            b.width as usize,
+            b.height as usize,
+        );
+    }
+    match decoder.decode() {
+        Ok(pixels) => RgbImage::from_raw(w, h, pixels),
+        // The box was drawn; a file that fails here fails on every path, so report it as the
+        // general path words it.
+        Err(_) => None,
+    }
 }
 
 /// Decodes an in-memory image to RGB; on failure returns the reason.

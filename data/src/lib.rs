@@ -46,7 +46,9 @@ pub mod transform;
 
 pub use augment::AutoAugment;
 pub use batch::{Batch, BatchImages, f32_images_to_tensor, u8_images_to_tensor};
-pub use decode::{decode_bytes, decode_file, jpeg_end_of_image};
+pub use decode::{
+    decode_bytes, decode_bytes_region, decode_file, decode_file_region, jpeg_end_of_image,
+};
 pub use erase::RandomErasing;
 pub use error::DataError;
 pub use folder::{IMAGE_EXTENSIONS, ImageFolder, Sample, has_image_extension};

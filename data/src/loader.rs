@@ -11,7 +11,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
-use crate::decode::decode_file;
+use crate::decode::decode_file_region;
 use crate::erase::zero_box_chw;
 use crate::sampler::{DistributedSampler, SampledIndex};
 use crate::transform::{CropBox, Resampler, Transform, normalize_chw};
@@ -60,6 +60,9 @@ pub struct LoaderConfig {
     pub policy: BadImagePolicy,
     /// Which resizer to use.
     pub resampler: Resampler,
+    /// Decode only the pixels the training crop keeps (the default; the batches are the same
+    /// either way). `false` decodes whole images, for benchmarks.
+    pub decode_region: bool,
 }
 
 impl LoaderConfig {
@@ -75,6 +78,7 @@ impl LoaderConfig {
             output: OutputFormat::U8,
             policy: BadImagePolicy::Skip,
             resampler: Resampler::default(),
+            decode_region: true,
         }
     }
 
@@ -119,6 +123,12 @@ impl LoaderConfig {
     /// Sets `resampler`.
     pub fn with_resampler(mut self, resampler: Resampler) -> Self {
         self.resampler = resampler;
+        self
+    }
+
+    /// Sets `decode_region`.
+    pub fn with_decode_region(mut self, decode_region: bool) -> Self {
+        self.decode_region = decode_region;
         self
     }
 }
@@ -350,15 +360,22 @@ impl BatchJob {
         }
         let path = &self.folder.samples()[index].path;
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let img = decode_file(path).map_err(|e| match e {
+            let transform = &self.config.transform;
+            let mut rng = repeat_rng(self.config.seed, self.epoch, index, repeat);
+            // The crop is drawn from the header's size so that only its pixels are decoded.
+            let mut drawn = None;
+            let img = decode_file_region(path, |w, h| {
+                let crop = transform.draw_crop(w, h, &mut rng);
+                drawn = Some(crop);
+                crop.filter(|_| self.config.decode_region)
+            })
+            .map_err(|e| match e {
                 DataError::BadImage { reason, .. } => reason,
                 other => other.to_string(),
             })?;
-            let mut rng = repeat_rng(self.config.seed, self.epoch, index, repeat);
-            Ok(self
-                .config
-                .transform
-                .apply_into(&img, &mut rng, self.config.resampler, out))
+            let crop =
+                drawn.unwrap_or_else(|| transform.draw_crop(img.width(), img.height(), &mut rng));
+            Ok(transform.apply_drawn(&img, crop, &mut rng, self.config.resampler, out))
         }))
         .unwrap_or_else(|_| Err("the transform panicked on this image".to_string()));
         if let Err(reason) = &result {

@@ -412,17 +412,51 @@ impl Transform {
         resampler: Resampler,
         out: &mut [u8],
     ) -> Option<CropBox> {
+        let crop = self.draw_crop(img.width(), img.height(), rng);
+        self.apply_drawn(img, crop, rng, resampler, out)
+    }
+
+    /// The transform's first draw: the box `RandomResizedCrop` keeps of a `width × height`
+    /// image, which is all of it the training transform reads (`None` for validation, which
+    /// reads the whole image). Drawn from the header's size, it lets the decoder decode only
+    /// that box ([`decode_file_region`](crate::decode_file_region)).
+    pub fn draw_crop<R: Rng + ?Sized>(
+        &self,
+        width: u32,
+        height: u32,
+        rng: &mut R,
+    ) -> Option<CropBox> {
+        match *self {
+            Self::Train { scale, ratio, .. } => {
+                Some(random_resized_crop_params(rng, width, height, scale, ratio))
+            }
+            Self::Val { .. } => None,
+        }
+    }
+
+    /// [`Self::apply_into`] after [`Self::draw_crop`] drew `crop` from the same `rng`: the
+    /// remaining draws and the pixels. `img` needs to be exact only inside `crop`.
+    ///
+    /// # Panics
+    /// As [`Self::apply_into`], and if the training transform gets no crop.
+    pub fn apply_drawn<R: Rng + ?Sized>(
+        &self,
+        img: &RgbImage,
+        crop: Option<CropBox>,
+        rng: &mut R,
+        resampler: Resampler,
+        out: &mut [u8],
+    ) -> Option<CropBox> {
         match *self {
             Self::Train {
                 size,
-                scale,
-                ratio,
                 flip_prob,
                 interpolation,
                 auto_augment,
                 random_erase,
+                ..
             } => {
-                let crop = random_resized_crop_params(rng, img.width(), img.height(), scale, ratio);
+                let crop = crop.expect("the training transform's crop is drawn first");
                 let flip = rng.random::<f64>() < flip_prob;
                 let hwc = resized_crop(img, crop, (size, size), interpolation, resampler);
                 let s = size as usize;

@@ -22,7 +22,7 @@ use clap::Parser;
 use data::transform::Resampler;
 use data::{
     AutoAugment, DistributedSampler, ImageFolder, Loader, LoaderConfig, OutputFormat, Transform,
-    decode_bytes, sample_rng,
+    decode_bytes, decode_bytes_region, sample_rng,
 };
 
 #[derive(Parser, Debug)]
@@ -46,11 +46,13 @@ struct Args {
     /// Timed passes per measurement; the best is reported.
     #[arg(long, default_value_t = 2)]
     repeat: usize,
-    /// Pipelines to time (comma-separated subset of decode,train,train_image_resize,
-    /// train_f32,train_ta_wide,train_ta_wide_erase,val).
+    /// Pipelines to time (comma-separated subset of decode,decode_crop,train,train_full_decode,
+    /// train_image_resize,train_f32,train_ta_wide,train_ta_wide_full_decode,train_ta_wide_erase,
+    /// val). `decode_crop` decodes only a `RandomResizedCrop` box of each image; the
+    /// `_full_decode` pipelines decode whole images (the loader's default decodes the crop).
     #[arg(
         long,
-        default_value = "decode,train,train_image_resize,train_f32,train_ta_wide,train_ta_wide_erase,val"
+        default_value = "decode,decode_crop,train,train_full_decode,train_image_resize,train_f32,train_ta_wide,train_ta_wide_full_decode,train_ta_wide_erase,val"
     )]
     pipelines: String,
     /// Skip the per-stage timing pass.
@@ -201,10 +203,13 @@ fn run(args: Args) -> Result<()> {
     };
     for name in [
         "decode",
+        "decode_crop",
         "train",
+        "train_full_decode",
         "train_image_resize",
         "train_f32",
         "train_ta_wide",
+        "train_ta_wide_full_decode",
         "train_ta_wide_erase",
         "val",
     ] {
@@ -225,7 +230,28 @@ fn run(args: Args) -> Result<()> {
                 });
                 Ok(ok.into_inner())
             })?,
+            "decode_crop" => best(&|| {
+                // The training transform's first draw, then only that box decoded.
+                let transform = Transform::train(args.size);
+                let ok = AtomicUsize::new(0);
+                parallel_for(workers, n, |i| {
+                    let mut rng = sample_rng(0, 0, i);
+                    if std::fs::read(&paths[i])
+                        .ok()
+                        .and_then(|b| {
+                            decode_bytes_region(&b, |w, h| transform.draw_crop(w, h, &mut rng)).ok()
+                        })
+                        .is_some()
+                    {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+                Ok(ok.into_inner())
+            })?,
             "train" => best(&|| loader_run(LoaderConfig::train(args.size, bs)))?,
+            "train_full_decode" => {
+                best(&|| loader_run(LoaderConfig::train(args.size, bs).with_decode_region(false)))?
+            }
             "train_image_resize" => best(&|| {
                 loader_run(LoaderConfig::train(args.size, bs).with_resampler(Resampler::Image))
             })?,
@@ -233,6 +259,9 @@ fn run(args: Args) -> Result<()> {
                 loader_run(LoaderConfig::train(args.size, bs).with_output(OutputFormat::F32))
             })?,
             "train_ta_wide" => best(&|| loader_run(recipe(0.0)))?,
+            "train_ta_wide_full_decode" => {
+                best(&|| loader_run(recipe(0.0).with_decode_region(false)))?
+            }
             "train_ta_wide_erase" => best(&|| loader_run(recipe(0.1)))?,
             _ => best(&|| loader_run(LoaderConfig::val(args.size, bs)))?,
         };

@@ -1,0 +1,214 @@
+//! Decoding only a crop's region (the patched zune-jpeg's `set_region`): inside the box, the
+//! pixels must be exactly those of the full decode, for every layout a JPEG can have.
+
+mod common;
+
+use std::path::PathBuf;
+
+use data::{CropBox, decode_file, decode_file_region};
+use image::RgbImage;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// Every photo fixture (baseline 4:2:0, 4:4:4 and 4:2:2, progressive, grayscale, CMYK, a phone
+/// file with a trailer) and the region fixtures (restart markers per row and mid-row, 4:1:1,
+/// 4:4:0, sizes off the MCU grid, a two-MCU image).
+fn fixtures() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for folder in ["photos", "region"] {
+        let dir = common::fixtures().join(folder);
+        for entry in std::fs::read_dir(&dir).expect("fixture folder") {
+            let path = entry.expect("fixture entry").path();
+            if path.extension().is_some_and(|e| e == "jpg") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    assert!(files.len() >= 13, "fixtures missing: {files:?}");
+    files
+}
+
+/// Boxes at the corners and edges, one pixel and one row or column wide, on and off the MCU
+/// grid, the whole image, and random `RandomResizedCrop`-like boxes.
+fn boxes(width: u32, height: u32, rng: &mut ChaCha8Rng) -> Vec<CropBox> {
+    let mut out = vec![
+        CropBox {
+            top: 0,
+            left: 0,
+            height,
+            width,
+        },
+        CropBox {
+            top: 0,
+            left: 0,
+            height: 1,
+            width: 1,
+        },
+        CropBox {
+            top: height - 1,
+            left: width - 1,
+            height: 1,
+            width: 1,
+        },
+        CropBox {
+            top: 0,
+            left: 0,
+            height: 1,
+            width,
+        },
+        CropBox {
+            top: height - 1,
+            left: 0,
+            height: 1,
+            width,
+        },
+        CropBox {
+            top: 0,
+            left: width - 1,
+            height,
+            width: 1,
+        },
+        CropBox {
+            top: height / 2,
+            left: width / 2,
+            height: height - height / 2,
+            width: width - width / 2,
+        },
+    ];
+    for edge in [8, 15, 16, 17, 31, 32, 33] {
+        if edge < width && edge < height {
+            out.push(CropBox {
+                top: edge,
+                left: edge,
+                height: height - edge,
+                width: width - edge,
+            });
+            out.push(CropBox {
+                top: 0,
+                left: 0,
+                height: edge,
+                width: edge,
+            });
+        }
+    }
+    for _ in 0..40 {
+        let w = rng.random_range(1..=width);
+        let h = rng.random_range(1..=height);
+        let left = rng.random_range(0..=width - w);
+        let top = rng.random_range(0..=height - h);
+        out.push(CropBox {
+            top,
+            left,
+            height: h,
+            width: w,
+        });
+    }
+    out
+}
+
+fn assert_same_inside(full: &RgbImage, region: &RgbImage, b: CropBox, what: &str) {
+    assert_eq!(full.dimensions(), region.dimensions(), "{what}: size");
+    for y in b.top..b.top + b.height {
+        for x in b.left..b.left + b.width {
+            assert_eq!(
+                full.get_pixel(x, y),
+                region.get_pixel(x, y),
+                "{what}: pixel ({x}, {y}) inside the box differs from the full decode"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_region_decodes_to_exactly_the_full_decodes_pixels() {
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut checked = 0;
+    for path in fixtures() {
+        let full = decode_file(&path).expect("full decode");
+        let (w, h) = full.dimensions();
+        for b in boxes(w, h, &mut rng) {
+            let mut asked = None;
+            let region = decode_file_region(&path, |width, height| {
+                asked = Some((width, height));
+                Some(b)
+            })
+            .expect("region decode");
+            assert_eq!(
+                asked,
+                Some((w, h)),
+                "{}: the region is asked once, with the size",
+                path.display()
+            );
+            assert_same_inside(&full, &region, b, &format!("{} box {b:?}", path.display()));
+            checked += 1;
+        }
+    }
+    assert!(checked > 600, "only {checked} boxes checked");
+}
+
+#[test]
+fn no_region_is_the_whole_image_bit_for_bit() {
+    // The direct zune-jpeg call must give what `image` gives (the same options), everywhere.
+    for path in fixtures() {
+        let full = decode_file(&path).expect("full decode");
+        let whole = decode_file_region(&path, |_, _| None).expect("decode without a region");
+        assert!(
+            full == whole,
+            "{}: the decode without a region differs",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn a_region_near_the_top_stops_decoding_early() {
+    // The decoder stops after the region's last row and leaves the rest of the (zeroed) output
+    // alone: what makes region decoding cheaper, seen in its output. A photo's bottom rows are
+    // never all black.
+    let path = common::fixtures().join("photos/baseline_420.jpg");
+    let full = decode_file(&path).expect("full decode");
+    let (w, h) = full.dimensions();
+    let b = CropBox {
+        top: 10,
+        left: 40,
+        height: 50,
+        width: 100,
+    };
+    let region = decode_file_region(&path, |_, _| Some(b)).expect("region decode");
+    let last_row = |img: &RgbImage| {
+        (0..w)
+            .map(|x| img.get_pixel(x, h - 1).0)
+            .collect::<Vec<_>>()
+    };
+    assert!(last_row(&full).iter().any(|p| *p != [0, 0, 0]));
+    assert!(
+        last_row(&region).iter().all(|p| *p == [0, 0, 0]),
+        "the region decode went on past the region's last row"
+    );
+    assert_same_inside(&full, &region, b, "baseline_420.jpg");
+}
+
+#[test]
+fn a_png_and_a_bad_file_go_the_general_way() {
+    let png = common::fixtures().join("png_named.JPEG");
+    let mut asked = 0;
+    let img = decode_file_region(&png, |_, _| {
+        asked += 1;
+        None
+    })
+    .expect("PNG");
+    assert_eq!((asked, img.dimensions()), (1, (40, 24)));
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cut = dir.path().join("cut.jpg");
+    let bytes = std::fs::read(common::fixtures().join("photos/baseline_420.jpg")).expect("read");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).expect("write");
+    let error = decode_file_region(&cut, |_, _| None)
+        .expect_err("truncated")
+        .to_string();
+    assert!(
+        error.contains("cut.jpg") && error.contains("truncated"),
+        "{error}"
+    );
+}
