@@ -157,8 +157,7 @@ fn batch(step: usize, range: std::ops::Range<usize>) -> Batch {
 
 /// The fixture's tensors, as f64.
 fn fixture() -> HashMap<String, Vec<f64>> {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/trajectory_torch.safetensors");
+    let path = common::fixtures().join("trajectory_torch.safetensors");
     let bytes = std::fs::read(&path).expect("trajectory fixture");
     let file = SafeTensors::deserialize(&bytes).expect("parse the fixture");
     file.tensors()

@@ -6,9 +6,17 @@ use std::path::{Path, PathBuf};
 use image::ExtendedColorType;
 use image::codecs::jpeg::JpegEncoder;
 
+/// This crate's folder in the checkout under test. Cargo sets `CARGO_MANIFEST_DIR` when it runs
+/// a test; the compile-time value names the checkout that built the binary, which differs when
+/// checkouts share a target folder (`.ci/run` uses one under `~/.cache`) and cargo reuses it.
+pub fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+}
+
 /// Folder of the committed Pillow fixtures.
 pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+    manifest_dir().join("tests/fixtures")
 }
 
 /// A `w × h` image whose pixels depend on position and `seed` (smooth, so JPEG keeps it).

@@ -251,14 +251,22 @@ pub fn field(metrics: &serde_json::Value, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("{name} in {metrics}"))
 }
 
+/// This crate's folder in the checkout under test. Cargo sets `CARGO_MANIFEST_DIR` when it runs
+/// a test; the compile-time value names the checkout that built the binary, which differs when
+/// checkouts share a target folder (`.ci/run` uses one under `~/.cache`) and cargo reuses it.
+pub fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+}
+
 /// `train/tests/fixtures`.
 pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+    manifest_dir().join("tests/fixtures")
 }
 
 /// The eight photo-like JPEGs shared with the data crate's fidelity test, sorted by name.
 pub fn photos() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/tests/fixtures/photos");
+    let dir = manifest_dir().join("../data/tests/fixtures/photos");
     let mut photos: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("photo fixtures")
         .filter_map(|e| e.ok().map(|e| e.path()))
