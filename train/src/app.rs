@@ -174,6 +174,7 @@ fn wait_for_dataset(
 pub fn main_with<C: ClassifierConfig>(
     make: impl FnOnce(&TrainArgs) -> Result<C, InvalidArgs>,
 ) -> ExitCode {
+    crate::malloc::keep_freed_memory();
     // Before any CUDA call: find the CUDA libraries and re-execute once with them arranged.
     #[cfg(feature = "cuda")]
     let libs = burn_dist::cuda_libs::prepare();

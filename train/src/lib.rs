@@ -19,6 +19,7 @@ pub mod elastic;
 pub mod ema;
 mod error;
 pub mod lr_plan;
+pub mod malloc;
 pub mod metrics;
 pub mod mix;
 mod model;

@@ -62,6 +62,10 @@ struct Args {
     /// (one in-place pass per parameter on Flex, the default) or `tensor` (Burn's tensor ops).
     #[arg(long, default_value = "fused")]
     update: String,
+    /// glibc's allocator: `train` (kept freed memory, as `train` sets it up:
+    /// `train::malloc`) or `default` (glibc's defaults).
+    #[arg(long, default_value = "train")]
+    malloc: String,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -81,6 +85,13 @@ fn main() -> anyhow::Result<()> {
     #[cfg(feature = "cuda")]
     burn_dist::cuda_libs::prepare();
     let args = Args::parse();
+    match args.malloc.as_str() {
+        "train" => {
+            train::malloc::keep_freed_memory();
+        }
+        "default" => {}
+        other => bail!("--malloc {other}: expected train or default"),
+    }
     let depth: usize = args
         .model
         .strip_prefix("resnet")
