@@ -60,8 +60,9 @@ pub struct LoaderConfig {
     pub policy: BadImagePolicy,
     /// Which resizer to use.
     pub resampler: Resampler,
-    /// Decode only the pixels the training crop keeps (the default; the batches are the same
-    /// either way). `false` decodes whole images, for benchmarks.
+    /// Decode only the pixels the transform reads: the training crop, validation's center crop
+    /// and its resize's support (the default; the batches are the same either way). `false`
+    /// decodes whole images, for benchmarks.
     pub decode_region: bool,
 }
 
@@ -362,12 +363,14 @@ impl BatchJob {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let transform = &self.config.transform;
             let mut rng = repeat_rng(self.config.seed, self.epoch, index, repeat);
-            // The crop is drawn from the header's size so that only its pixels are decoded.
+            // The crop is drawn from the header's size so that only the pixels the transform
+            // reads are decoded.
             let mut drawn = None;
             let img = decode_file_region(path, |w, h| {
                 let crop = transform.draw_crop(w, h, &mut rng);
                 drawn = Some(crop);
-                crop.filter(|_| self.config.decode_region)
+                let read = transform.pixels_read(w, h, crop, self.config.resampler);
+                read.filter(|_| self.config.decode_region)
             })
             .map_err(|e| match e {
                 DataError::BadImage { reason, .. } => reason,

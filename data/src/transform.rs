@@ -434,6 +434,59 @@ impl Transform {
         }
     }
 
+    /// The part of a `width × height` image that [`Self::apply_drawn`] reads, given the `crop`
+    /// [`Self::draw_crop`] drew, so that the decoder can skip the rest
+    /// ([`decode_file_region`](crate::decode_file_region)); `None` when it reads everything.
+    ///
+    /// Training reads its crop. Validation with a center crop reads the crop's preimage plus the
+    /// resize filter's support, and a few pixels more, since a resize reads past the window it
+    /// computes. Nearest, `Resampler::Image` and a crop larger than the image resize the whole
+    /// image.
+    pub fn pixels_read(
+        &self,
+        width: u32,
+        height: u32,
+        crop: Option<CropBox>,
+        resampler: Resampler,
+    ) -> Option<CropBox> {
+        match *self {
+            Self::Train { .. } => crop,
+            Self::Val {
+                resize,
+                size,
+                interpolation,
+            } => {
+                let support = match (resampler, interpolation) {
+                    (_, Interpolation::Bicubic) => 2.0,
+                    (Resampler::FastImageResize, Interpolation::Bilinear) => 1.0,
+                    _ => return None,
+                };
+                let (w, h) = resize_shorter_side(width, height, resize);
+                let window = center_crop_box(w, h, size, size)?;
+                // Source span of output pixels `start..start + len` of `out` resized from `inp`:
+                // the window's preimage widened by the filter's support at this scale, plus two
+                // pixels for the rounding of the taps' bounds.
+                let span = |start: u32, len: u32, out: u32, inp: u32| {
+                    let scale = f64::from(inp) / f64::from(out);
+                    let margin = (support * scale.max(1.0)).ceil() + 2.0;
+                    let lo = (f64::from(start) * scale - margin).floor().max(0.0) as u32;
+                    let hi = (f64::from(start + len) * scale + margin)
+                        .ceil()
+                        .min(f64::from(inp)) as u32;
+                    (lo, hi - lo)
+                };
+                let (left, cols) = span(window.left, window.width, w, width);
+                let (top, rows) = span(window.top, window.height, h, height);
+                Some(CropBox {
+                    top,
+                    left,
+                    height: rows,
+                    width: cols,
+                })
+            }
+        }
+    }
+
     /// [`Self::apply_into`] after [`Self::draw_crop`] drew `crop` from the same `rng`: the
     /// remaining draws and the pixels. `img` needs to be exact only inside `crop`.
     ///

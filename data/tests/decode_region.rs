@@ -212,3 +212,61 @@ fn a_png_and_a_bad_file_go_the_general_way() {
         "{error}"
     );
 }
+
+#[test]
+fn the_transforms_read_only_the_pixels_they_report() {
+    // Each transform applied to the region decode of `pixels_read` gives the same bytes as on the
+    // full decode: validation's window (its center crop's preimage and the filter's support, at
+    // down- and upscaling) and training's crop, both resizers, every interpolation.
+    use data::transform::{Interpolation, Resampler};
+    use data::{AutoAugment, Transform};
+    let transforms = [
+        Transform::val(224),
+        Transform::val_sizes(232, 224),
+        Transform::val(64),
+        Transform::val(224).with_interpolation(Interpolation::Bicubic),
+        Transform::val(48).with_interpolation(Interpolation::Bicubic),
+        Transform::val(224).with_interpolation(Interpolation::Nearest),
+        Transform::val_sizes(400, 384),
+        Transform::train(224),
+        Transform::train(176).with_interpolation(Interpolation::Bicubic),
+        Transform::train(64).with_auto_augment(Some(AutoAugment::TrivialAugmentWide)),
+    ];
+    let mut regions = 0;
+    for path in fixtures() {
+        let full = decode_file(&path).expect("full decode");
+        for (t, transform) in transforms.iter().enumerate() {
+            for resampler in [Resampler::FastImageResize, Resampler::Image] {
+                for seed in 0..3 {
+                    let size = transform.size() as usize;
+                    let mut want = vec![0; 3 * size * size];
+                    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                    let want_erase = transform.apply_into(&full, &mut rng, resampler, &mut want);
+
+                    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                    let mut crop = None;
+                    let img = decode_file_region(&path, |w, h| {
+                        crop = transform.draw_crop(w, h, &mut rng);
+                        let read = transform.pixels_read(w, h, crop, resampler);
+                        regions += usize::from(read.is_some_and(|r| (r.width, r.height) != (w, h)));
+                        read
+                    })
+                    .expect("region decode");
+                    let mut got = vec![0; 3 * size * size];
+                    let got_erase =
+                        transform.apply_drawn(&img, crop, &mut rng, resampler, &mut got);
+                    assert!(
+                        want == got && want_erase == got_erase,
+                        "{}: transform {t} ({transform:?}), {resampler:?}, seed {seed}: the \
+                         output differs when only the reported pixels are decoded",
+                        path.display()
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        regions > 500,
+        "only {regions} transforms read less than the whole image"
+    );
+}

@@ -48,11 +48,12 @@ struct Args {
     repeat: usize,
     /// Pipelines to time (comma-separated subset of decode,decode_crop,train,train_full_decode,
     /// train_image_resize,train_f32,train_ta_wide,train_ta_wide_full_decode,train_ta_wide_erase,
-    /// val). `decode_crop` decodes only a `RandomResizedCrop` box of each image; the
-    /// `_full_decode` pipelines decode whole images (the loader's default decodes the crop).
+    /// val,val_full_decode). `decode_crop` decodes only a `RandomResizedCrop` box of each image;
+    /// the `_full_decode` pipelines decode whole images (the loader's default decodes only the
+    /// pixels the transform reads).
     #[arg(
         long,
-        default_value = "decode,decode_crop,train,train_full_decode,train_image_resize,train_f32,train_ta_wide,train_ta_wide_full_decode,train_ta_wide_erase,val"
+        default_value = "decode,decode_crop,train,train_full_decode,train_image_resize,train_f32,train_ta_wide,train_ta_wide_full_decode,train_ta_wide_erase,val,val_full_decode"
     )]
     pipelines: String,
     /// Skip the per-stage timing pass.
@@ -212,6 +213,7 @@ fn run(args: Args) -> Result<()> {
         "train_ta_wide_full_decode",
         "train_ta_wide_erase",
         "val",
+        "val_full_decode",
     ] {
         if !wanted.contains(&name) {
             continue;
@@ -263,6 +265,9 @@ fn run(args: Args) -> Result<()> {
                 best(&|| loader_run(recipe(0.0).with_decode_region(false)))?
             }
             "train_ta_wide_erase" => best(&|| loader_run(recipe(0.1)))?,
+            "val_full_decode" => {
+                best(&|| loader_run(LoaderConfig::val(args.size, bs).with_decode_region(false)))?
+            }
             _ => best(&|| loader_run(LoaderConfig::val(args.size, bs)))?,
         };
         rows.push((name, ips));
