@@ -63,25 +63,22 @@ pub fn decode_bytes_region(
     bytes: &[u8],
     region: impl FnOnce(u32, u32) -> Option<CropBox>,
 ) -> Result<RgbImage, String> {
-    if bytes.starts_with(&[0xFF, 0xD8]) {
-        jpeg_end_of_image(bytes)?;
-        let mut region = Some(region);
+    let format = checked_format(bytes)?;
+    let mut region = Some(region);
+    if format == ImageFormat::Jpeg {
         let direct = catch_unwind(AssertUnwindSafe(|| decode_jpeg_region(bytes, &mut region)));
         match direct {
             Ok(Some(img)) => return Ok(img),
             Ok(None) => {}
             Err(_) => return Err("the decoder panicked on this file".into()),
         }
-        // Not a colour JPEG zune-jpeg decodes cleanly: the general path gives the same pixels
-        // as `decode_bytes` and its error messages.
-        let img = decode_bytes(bytes)?;
-        if let Some(region) = region {
-            region(img.width(), img.height());
-        }
-        return Ok(img);
     }
-    let img = decode_bytes(bytes)?;
-    region(img.width(), img.height());
+    // Not a colour JPEG zune-jpeg decodes cleanly: the general path gives the same pixels as
+    // `decode_bytes` and its error messages.
+    let img = decode_checked(bytes, format)?;
+    if let Some(region) = region {
+        region(img.width(), img.height());
+    }
     Ok(img)
 }
 
@@ -129,6 +126,12 @@ fn decode_jpeg_region(
 /// # Errors
 /// A human-readable reason when the bytes are empty, not a JPEG or PNG, truncated or corrupt.
 pub fn decode_bytes(bytes: &[u8]) -> Result<RgbImage, String> {
+    decode_checked(bytes, checked_format(bytes)?)
+}
+
+/// The format of a non-empty JPEG or PNG, a JPEG checked for truncation; or why the bytes are
+/// not one.
+fn checked_format(bytes: &[u8]) -> Result<ImageFormat, String> {
     if bytes.is_empty() {
         return Err("the file is empty (0 bytes)".into());
     }
@@ -147,6 +150,11 @@ pub fn decode_bytes(bytes: &[u8]) -> Result<RgbImage, String> {
             ));
         }
     }
+    Ok(format)
+}
+
+/// Decodes bytes [`checked_format`] accepted as `format`, through `image`.
+fn decode_checked(bytes: &[u8], format: ImageFormat) -> Result<RgbImage, String> {
     let decoded = catch_unwind(AssertUnwindSafe(|| {
         let mut reader = ImageReader::new(Cursor::new(bytes));
         reader.set_format(format);

@@ -377,7 +377,7 @@ impl BatchJob {
                 other => other.to_string(),
             })?;
             let crop =
-                drawn.unwrap_or_else(|| transform.draw_crop(img.width(), img.height(), &mut rng));
+                drawn.expect("decode_file_region asks every image it decodes for its region");
             Ok(transform.apply_drawn(&img, crop, &mut rng, self.config.resampler, out))
         }))
         .unwrap_or_else(|_| Err("the transform panicked on this image".to_string()));

@@ -417,9 +417,9 @@ impl Transform {
     }
 
     /// The transform's first draw: the box `RandomResizedCrop` keeps of a `width × height`
-    /// image, which is all of it the training transform reads (`None` for validation, which
-    /// reads the whole image). Drawn from the header's size, it lets the decoder decode only
-    /// that box ([`decode_file_region`](crate::decode_file_region)).
+    /// image (`None` for validation, which draws nothing). Drawn from the header's size, it
+    /// tells [`Self::pixels_read`] which pixels the decoder must decode
+    /// ([`decode_file_region`](crate::decode_file_region)).
     pub fn draw_crop<R: Rng + ?Sized>(
         &self,
         width: u32,
