@@ -62,6 +62,11 @@ struct Args {
     /// Print one JSON object instead of the tables.
     #[arg(long)]
     json: bool,
+    /// Print a hash of every image's full decode and of its training-crop region decode, then
+    /// stop. The same files must hash the same before and after a change to the JPEG decoder:
+    /// entropy decoding is lossless, so any change in the pixels is a bug.
+    #[arg(long)]
+    checksum: bool,
 }
 
 fn main() -> ExitCode {
@@ -125,6 +130,9 @@ fn run(args: Args) -> Result<()> {
         }
     });
     let bytes_total = bytes_total.into_inner();
+    if args.checksum {
+        return print_checksums(&paths, args.size);
+    }
 
     // Per-stage time per image, timed inside the workers (includes preemption on a busy machine).
     let clock = StageClock::default();
@@ -358,4 +366,45 @@ fn parallel_for(workers: usize, n: usize, f: impl Fn(usize) + Sync) {
             });
         }
     });
+}
+
+/// FNV-1a over the pixels of each image's full decode, and separately over the region decodes
+/// of the training crop drawn with seed 0 (sizes included, so a shifted box cannot collide).
+fn print_checksums(paths: &[PathBuf], size: u32) -> Result<()> {
+    fn fnv(hash: &mut u64, bytes: &[u8]) {
+        for &b in bytes {
+            *hash = (*hash ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    let transform = Transform::train(size);
+    let (mut full, mut region) = (0xcbf2_9ce4_8422_2325_u64, 0xcbf2_9ce4_8422_2325_u64);
+    for (i, path) in paths.iter().enumerate() {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let image = decode_bytes(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        fnv(&mut full, &image.width().to_le_bytes());
+        fnv(&mut full, &image.height().to_le_bytes());
+        fnv(&mut full, image.as_raw());
+        let mut rng = sample_rng(0, 0, i);
+        let mut drawn = None;
+        let image = decode_bytes_region(&bytes, |w, h| {
+            drawn = transform.draw_crop(w, h, &mut rng);
+            drawn
+        })
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        // Only the box is defined by a region decode.
+        if let Some(b) = drawn {
+            for y in b.top..b.top + b.height {
+                let row = (y * image.width() + b.left) as usize * 3;
+                fnv(
+                    &mut region,
+                    &image.as_raw()[row..row + b.width as usize * 3],
+                );
+            }
+        }
+    }
+    println!(
+        "# {} images: full decode {full:016x}, training-crop region decode {region:016x}",
+        paths.len()
+    );
+    Ok(())
 }
