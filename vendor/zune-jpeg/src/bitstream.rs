@@ -399,11 +399,19 @@ impl BitStream {
         // set dc to be the dc prediction.
         block[0] = *dc_prediction * qt_table[0];
 
+        // Not in upstream zune-jpeg: the bit state lives in registers across the fast path,
+        // and `self` is written back only around a refill or a code the table cannot resolve
+        // (the same steps as upstream's loop, which went through `self` for every coefficient).
+        let (mut bits, mut left) = (self.aligned_buffer, self.bits_left);
+
         while pos < 64 {
-            self.refill(reader)?;
-            symbol = self.peek_bits::<HUFF_LOOKAHEAD>();
-            fast_ac = ac_lookup[symbol as usize];
-            symbol = ac_table.lookup[symbol as usize];
+            if left < 32 {
+                (self.aligned_buffer, self.bits_left) = (bits, left);
+                self.refill(reader)?;
+                (bits, left) = (self.aligned_buffer, self.bits_left);
+            }
+            let look = (bits >> (64 - HUFF_LOOKAHEAD)) as usize;
+            fast_ac = ac_lookup[look];
 
             if fast_ac != 0 {
                 //  FAST AC path
@@ -411,9 +419,13 @@ impl BitStream {
                 let t_pos = UN_ZIGZAG[min(pos, 63)] & 63;
 
                 block[t_pos] = i32::from(fast_ac >> 8) * (qt_table[t_pos]); // Value
-                self.drop_bits((fast_ac & 15) as u8);
+                let consumed = (fast_ac & 15) as u8;
+                left = left.saturating_sub(consumed);
+                bits <<= consumed;
                 pos += 1;
             } else {
+                (self.aligned_buffer, self.bits_left) = (bits, left);
+                symbol = ac_table.lookup[look];
                 decode_huff!(self, symbol, ac_table);
 
                 r = symbol >> 4;
@@ -433,8 +445,10 @@ impl BitStream {
                 } else {
                     pos += 16;
                 }
+                (bits, left) = (self.aligned_buffer, self.bits_left);
             }
         }
+        (self.aligned_buffer, self.bits_left) = (bits, left);
 
         return Ok(64);
     }
@@ -457,7 +471,68 @@ impl BitStream {
             ));
         }
         self.decode_dc(reader, dc_table, dc_prediction)?;
-        self.discard_ac(reader, ac_table)
+        self.skip_ac(reader, ac_table)
+    }
+
+    /// Skips a block's AC coefficients with the skip table (`HuffmanTable::ac_skip`): one
+    /// lookup per coefficient for every code of at most `HUFF_LOOKAHEAD` bits, whatever its
+    /// magnitude, where [`Self::discard_ac`]'s table covers only codes and magnitudes that fit
+    /// in `HUFF_LOOKAHEAD` bits together. The return value is not meaningful.
+    ///
+    /// Added for region decoding; not in upstream zune-jpeg.
+    #[inline(always)]
+    fn skip_ac<T>(
+        &mut self, reader: &mut ZReader<T>, ac_table: &HuffmanTable
+    ) -> Result<u16, DecodeErrors>
+    where
+        T: ZByteReaderTrait
+    {
+        let Some(ac_skip) = ac_table.ac_skip.as_ref() else {
+            return self.discard_ac(reader, ac_table);
+        };
+        let mut pos: usize = 1;
+        // The bit state lives in registers here, not behind `self`: the table hit, nearly every
+        // coefficient, then costs a lookup and two shifts, and `self` is written back only
+        // around a refill or a long code.
+        let (mut bits, mut left) = (self.aligned_buffer, self.bits_left);
+
+        while pos < 64 {
+            if left < 32 {
+                (self.aligned_buffer, self.bits_left) = (bits, left);
+                self.refill(reader)?;
+                (bits, left) = (self.aligned_buffer, self.bits_left);
+            }
+            // An entry consumes at most HUFF_LOOKAHEAD + 15 = 26 bits, and a refill leaves at
+            // least 32 unless it stopped at a marker; past a marker the buffer reads as zeros
+            // and `left` saturates at 0, exactly as upstream's `drop_bits` does.
+            let entry = ac_skip[(bits >> (64 - HUFF_LOOKAHEAD)) as usize];
+
+            if entry != 0 {
+                let consumed = (entry & 31) as u8;
+                pos += usize::from(entry >> 5);
+                left = left.saturating_sub(consumed);
+                bits <<= consumed;
+            } else {
+                (self.aligned_buffer, self.bits_left) = (bits, left);
+                let mut symbol = ac_table.lookup[self.peek_bits::<HUFF_LOOKAHEAD>() as usize];
+                decode_huff!(self, symbol, ac_table);
+
+                let r = symbol >> 4;
+                symbol &= 15;
+
+                if symbol != 0 {
+                    pos += r as usize + 1;
+                    self.drop_bits(symbol as u8);
+                } else if r != 15 {
+                    return Ok(pos as u16);
+                } else {
+                    pos += 16;
+                }
+                (bits, left) = (self.aligned_buffer, self.bits_left);
+            }
+        }
+        (self.aligned_buffer, self.bits_left) = (bits, left);
+        Ok(64)
     }
 
     /// Advance the bitstream over a block but ignore the data contained.
