@@ -160,6 +160,8 @@ pub struct JpegDecoder<T> {
     /// The pixels the caller needs, `(left, top, right, bottom)` with exclusive ends; see
     /// [`JpegDecoder::set_region`]. Not in upstream zune-jpeg.
     pub(crate) region: Option<(usize, usize, usize, usize)>,
+    /// The denominator [`JpegDecoder::set_scale`] asked for. Not in upstream zune-jpeg.
+    pub(crate) scale: usize,
 }
 
 impl<T> JpegDecoder<T>
@@ -207,6 +209,7 @@ where
             coeff:             1,
             extended_xmp_segments: vec![],
             region:            None,
+            scale:             1,
         }
     }
     /// Restricts decoding to the pixels in `left..left + width` × `top..top + height`.
@@ -223,6 +226,46 @@ where
     /// upstream zune-jpeg.
     pub fn set_region(&mut self, left: usize, top: usize, width: usize, height: usize) {
         self.region = Some((left, top, left.saturating_add(width), top.saturating_add(height)));
+    }
+
+    /// Asks for the image at `1/denominator` of its size (1, 2, 4 or 8; anything else is
+    /// rounded down to one of them), by DCT-domain downscaling as libjpeg's `scale_denom`:
+    /// each block's `N × N` pixels come from an `N`-point inverse DCT of its lowest
+    /// frequencies, so decoding skips most of the transform, all upsampling and, at 1/8, the
+    /// AC coefficients. The result is close to, not equal to, a downscale of the full decode.
+    ///
+    /// Applies to baseline YCbCr images whose three components come in the first scan, when
+    /// the sampling factors allow the scale (a component subsampled 2× needs a scale of at
+    /// least 1/2). Otherwise the image decodes at full size: read [`Self::scale`] after the
+    /// headers for the scale the decode will use, and [`Self::output_dimensions`] for its
+    /// size. A region set with [`Self::set_region`] is then in the scaled image's pixels.
+    ///
+    /// Not in upstream zune-jpeg.
+    pub fn set_scale(&mut self, denominator: usize) {
+        self.scale = crate::scaled::SCALES
+            .iter()
+            .copied()
+            .filter(|&s| s <= denominator.max(1))
+            .max()
+            .unwrap_or(1);
+    }
+
+    /// The denominator the decode will use (see [`Self::set_scale`]): 1 until the headers are
+    /// decoded, and 1 for an image the requested scale does not apply to.
+    ///
+    /// Not in upstream zune-jpeg.
+    #[must_use]
+    pub fn scale(&self) -> usize {
+        self.effective_scale()
+    }
+
+    /// The decoded image's width and height: [`Self::dimensions`] divided by [`Self::scale`],
+    /// rounded up. `None` before the headers are decoded.
+    ///
+    /// Not in upstream zune-jpeg.
+    #[must_use]
+    pub fn output_dimensions(&self) -> Option<(usize, usize)> {
+        self.headers_decoded.then(|| self.scaled_size())
     }
 
     /// Decode a buffer already in memory
@@ -284,9 +327,10 @@ where
     #[must_use]
     pub fn output_buffer_size(&self) -> Option<usize> {
         return if self.headers_decoded {
+            // Not upstream: the size at the scale `set_scale` asked for.
             Some(
-                usize::from(self.width())
-                    .checked_mul(usize::from(self.height()))?
+                self.scaled_size().0
+                    .checked_mul(self.scaled_size().1)?
                     .checked_mul(self.options.jpeg_get_out_colorspace().num_components())?
             )
         } else {
@@ -858,7 +902,11 @@ where
         let out_len = core::cmp::min(out.len(), expected_size);
         let out = &mut out[0..out_len];
 
-        if self.is_progressive {
+        let scale = self.effective_scale();
+        if scale > 1 {
+            // Not upstream: DCT-domain downscaling (`set_scale`).
+            self.decode_scaled(out, scale)
+        } else if self.is_progressive {
             self.decode_mcu_ycbcr_progressive(out)
         } else {
             self.decode_mcu_ycbcr_baseline(out)

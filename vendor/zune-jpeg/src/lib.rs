@@ -187,6 +187,7 @@ mod marker;
 mod mcu;
 mod mcu_prog;
 mod misc;
+mod scaled; // not in upstream zune-jpeg: DCT-domain downscaling
 mod unsafe_utils;
 mod unsafe_utils_avx2;
 mod unsafe_utils_neon;

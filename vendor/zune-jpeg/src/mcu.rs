@@ -666,7 +666,7 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
         self.check_stream_marker_after_mcu_width(stream)
     }
 
-    fn check_stream_marker_after_mcu_width(
+    pub(crate) fn check_stream_marker_after_mcu_width(
         &mut self, stream: &mut BitStream
     ) -> Result<McuContinuation, DecodeErrors> {
         // After all interleaved components, that's an MCU
@@ -1009,7 +1009,7 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
     }
 }
 
-enum McuContinuation {
+pub(crate) enum McuContinuation {
     Ok,
     AnotherSos,
     /// Found an inter-scan marker (DHT/DQT/DRI/COM/APP) that needs handling.

@@ -1,0 +1,258 @@
+//! DCT-domain downscaling (the patched zune-jpeg's `set_scale`): a decode at `1/s` must be close
+//! to the full decode averaged over `s × s` blocks, a region of it must be exactly the same
+//! pixels as the whole scaled decode, and an image the scale does not apply to must decode
+//! whole, unchanged.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use data::decode_file;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use zune_core::bytestream::ZCursor;
+use zune_core::colorspace::ColorSpace;
+use zune_core::options::DecoderOptions;
+use zune_jpeg::JpegDecoder;
+
+fn fixtures() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for folder in ["photos", "region"] {
+        let dir = common::fixtures().join(folder);
+        for entry in std::fs::read_dir(&dir).expect("fixture folder") {
+            let path = entry.expect("fixture entry").path();
+            if path.extension().is_some_and(|e| e == "jpg") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    assert!(files.len() >= 13, "fixtures missing: {files:?}");
+    files
+}
+
+/// Decodes `path` at `1/scale`, optionally only `region` (left, top, width, height in the
+/// scaled image). Returns the scale used, the size and the RGB pixels.
+fn decode_scaled(
+    path: &Path,
+    scale: usize,
+    region: Option<(usize, usize, usize, usize)>,
+) -> (usize, (usize, usize), Vec<u8>) {
+    let bytes = std::fs::read(path).expect("fixture");
+    let options = DecoderOptions::default()
+        .set_strict_mode(false)
+        .jpeg_set_out_colorspace(ColorSpace::RGB);
+    let mut decoder = JpegDecoder::new_with_options(ZCursor::new(&bytes[..]), options);
+    decoder.set_scale(scale);
+    if let Some((left, top, width, height)) = region {
+        decoder.set_region(left, top, width, height);
+    }
+    decoder.decode_headers().expect("headers");
+    let used = decoder.scale();
+    let size = decoder.output_dimensions().expect("size after the headers");
+    let pixels = decoder.decode().expect("decode");
+    assert_eq!(
+        pixels.len(),
+        3 * size.0 * size.1,
+        "{}: buffer",
+        path.display()
+    );
+    (used, size, pixels)
+}
+
+/// The full decode averaged over `s × s` blocks (partial blocks at the right and bottom edges
+/// average what they hold).
+fn area_downscale(path: &Path, s: usize) -> ((usize, usize), Vec<f64>) {
+    let full = decode_file(path).expect("full decode");
+    let (w, h) = (full.width() as usize, full.height() as usize);
+    let (sw, sh) = (w.div_ceil(s), h.div_ceil(s));
+    let mut out = vec![0.0; 3 * sw * sh];
+    for y in 0..sh {
+        for x in 0..sw {
+            let mut sum = [0.0; 3];
+            let mut n = 0.0;
+            for yy in y * s..((y + 1) * s).min(h) {
+                for xx in x * s..((x + 1) * s).min(w) {
+                    let p = full.get_pixel(xx as u32, yy as u32).0;
+                    for c in 0..3 {
+                        sum[c] += f64::from(p[c]);
+                    }
+                    n += 1.0;
+                }
+            }
+            for c in 0..3 {
+                out[3 * (y * sw + x) + c] = sum[c] / n;
+            }
+        }
+    }
+    ((sw, sh), out)
+}
+
+/// Against libjpeg-turbo's own scaled decode (`make_scaled_fixtures.py`): both average each
+/// block's transform over `s × s` pixels in the DCT domain, and differ by rounding.
+const LIBJPEG_MAX_ERROR: f64 = 3.0;
+const LIBJPEG_MEAN_ERROR: f64 = 0.1;
+
+/// Against the full decode averaged over `s × s`: chroma is upsampled (smoothly) in the full
+/// decode and not in the scaled one, so strong colour edges differ by tens of levels; on
+/// average the two agree within about one level (libjpeg-turbo: 0.5–0.7 on the same files).
+const AREA_MEAN_ERROR: f64 = 1.25;
+
+fn max_and_mean(ours: &[u8], reference: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (mut max, mut sum, mut n) = (0.0f64, 0.0, 0usize);
+    for (a, b) in ours.iter().zip(reference) {
+        let d = (f64::from(*a) - b).abs();
+        max = max.max(d);
+        sum += d;
+        n += 1;
+    }
+    assert_eq!(n, ours.len(), "reference size");
+    (max, sum / n as f64)
+}
+
+#[test]
+fn a_scaled_decode_matches_libjpeg_turbos() {
+    let dir = common::fixtures().join("scaled/libjpeg");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).expect("scaled/libjpeg fixtures") {
+        let reference = entry.expect("entry").path();
+        let stem = reference
+            .file_stem()
+            .expect("name")
+            .to_string_lossy()
+            .to_string();
+        let (name, s) = stem.rsplit_once('_').expect("<name>_<scale>.png");
+        let s: usize = s.parse().expect("scale");
+        let folder = if name.starts_with("baseline") {
+            "photos"
+        } else {
+            "region"
+        };
+        let path = common::fixtures().join(folder).join(format!("{name}.jpg"));
+        let (used, size, pixels) = decode_scaled(&path, s, None);
+        assert_eq!(
+            used, s,
+            "{name}: 1/{s} applies to a 4:2:0 or 4:4:4 baseline file"
+        );
+        let theirs = image::open(&reference).expect("reference PNG").into_rgb8();
+        assert_eq!(
+            (theirs.width() as usize, theirs.height() as usize),
+            size,
+            "{stem}: size"
+        );
+        let (max, mean) = max_and_mean(&pixels, theirs.as_raw().iter().map(|&v| f64::from(v)));
+        eprintln!("{stem:<18} against libjpeg-turbo: max {max:.0}, mean {mean:.3}");
+        assert!(
+            max <= LIBJPEG_MAX_ERROR && mean <= LIBJPEG_MEAN_ERROR,
+            "{stem}: max {max}, mean {mean:.3} from libjpeg-turbo's scaled decode"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 11, "{checked} references");
+}
+
+#[test]
+fn a_scaled_decode_is_close_to_the_full_decode_averaged() {
+    let mut applied = 0;
+    for path in fixtures() {
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .to_string();
+        for s in [2, 4, 8] {
+            let (used, size, pixels) = decode_scaled(&path, s, None);
+            if used == 1 {
+                // Not applicable: the whole image, exactly as the full decode.
+                let full = decode_file(&path).expect("full decode");
+                assert_eq!(
+                    size,
+                    (full.width() as usize, full.height() as usize),
+                    "{name}"
+                );
+                if !name.contains("cmyk") && !name.contains("grayscale") {
+                    assert_eq!(
+                        pixels,
+                        full.into_raw(),
+                        "{name}: an unscaled decode is the full one"
+                    );
+                }
+                continue;
+            }
+            assert_eq!(used, s, "{name}: a scale is applied as asked or not at all");
+            applied += 1;
+            let (expected_size, reference) = area_downscale(&path, s);
+            assert_eq!(size, expected_size, "{name} at 1/{s}: size");
+            let (max, mean) = max_and_mean(&pixels, reference.into_iter());
+            eprintln!("{name:<22} 1/{s}  against the area average: max {max:6.2}, mean {mean:.3}");
+            // A 17 × 9 image is mostly edge blocks, whose padding the encoder invented.
+            if !name.starts_with("tiny") {
+                assert!(
+                    mean <= AREA_MEAN_ERROR,
+                    "{name} at 1/{s}: mean error {mean:.3}"
+                );
+            }
+        }
+    }
+    // 4:2:0, 4:4:4, 4:2:2, 4:4:0 at every scale, 4:1:1 at 1/4 and 1/8.
+    assert!(applied >= 20, "{applied} scaled decodes");
+}
+
+#[test]
+fn progressive_grayscale_and_cmyk_files_decode_whole() {
+    for name in ["progressive_420", "progressive_444", "grayscale", "cmyk"] {
+        let path = common::fixtures()
+            .join("photos")
+            .join(format!("{name}.jpg"));
+        let bytes = std::fs::read(&path).expect("fixture");
+        let mut decoder = JpegDecoder::new(ZCursor::new(&bytes[..]));
+        decoder.set_scale(2);
+        decoder.decode_headers().expect("headers");
+        assert_eq!(decoder.scale(), 1, "{name}");
+        assert_eq!(decoder.output_dimensions(), decoder.dimensions(), "{name}");
+    }
+}
+
+#[test]
+fn a_region_of_a_scaled_decode_is_exactly_the_whole_scaled_decodes() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let mut checked = 0;
+    for path in fixtures() {
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .to_string();
+        for s in [2, 4, 8] {
+            let (used, (w, h), whole) = decode_scaled(&path, s, None);
+            if used == 1 {
+                continue;
+            }
+            let mut boxes = vec![(0, 0, w, h), (0, 0, 1, 1), (w - 1, h - 1, 1, 1)];
+            for _ in 0..12 {
+                let bw = rng.random_range(1..=w);
+                let bh = rng.random_range(1..=h);
+                boxes.push((
+                    rng.random_range(0..=w - bw),
+                    rng.random_range(0..=h - bh),
+                    bw,
+                    bh,
+                ));
+            }
+            for (left, top, bw, bh) in boxes {
+                let (_, size, part) = decode_scaled(&path, s, Some((left, top, bw, bh)));
+                assert_eq!(size, (w, h), "{name}: the region keeps the scaled layout");
+                for y in top..top + bh {
+                    let row = (y * w + left) * 3..(y * w + left + bw) * 3;
+                    assert_eq!(
+                        part[row.clone()],
+                        whole[row],
+                        "{name} at 1/{s}: row {y} of the box ({left}, {top}) {bw}x{bh}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 200, "{checked} boxes");
+}
