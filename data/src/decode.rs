@@ -34,6 +34,77 @@ pub fn decode_file(path: &Path) -> Result<RgbImage, DataError> {
     decode_bytes(&bytes).map_err(|reason| bad(path, reason))
 }
 
+/// What to decode of an image, chosen from the size in its header (see [`decode_file_plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodePlan {
+    /// Decode at `1/scale` of the size: 1, or one of the scales the file offers.
+    pub scale: u32,
+    /// The pixels needed, in the scaled image's coordinates; `None` for all of them.
+    pub region: Option<CropBox>,
+}
+
+/// An image decoded at `1/scale` of its `full_size` (each side rounded up).
+#[derive(Debug, Clone)]
+pub struct ScaledImage {
+    /// The pixels: `full_size / scale`, rounded up.
+    pub image: RgbImage,
+    /// 1, 2, 4 or 8.
+    pub scale: u32,
+    /// Width and height of the image in the file.
+    pub full_size: (u32, u32),
+}
+
+/// Reads `path` and decodes what `plan` picks from the image's size: the whole image, a region
+/// of it, and/or the image at 1/2, 1/4 or 1/8 of its size by DCT-domain downscaling.
+///
+/// `plan` is called exactly once for a decodable image, before its pixels are decoded, with the
+/// width, height and the scales this file can be decoded at (always 1; also 2, 4 and 8 for
+/// baseline YCbCr JPEGs whose chroma subsampling allows them). Inside the region the pixels are
+/// exactly those of a decode at the same scale without a region; at scale 1, those of
+/// [`decode_file`].
+///
+/// # Errors
+/// As [`decode_file`].
+pub fn decode_file_plan(
+    path: &Path,
+    plan: impl FnOnce(u32, u32, &[u32]) -> DecodePlan,
+) -> Result<ScaledImage, DataError> {
+    let bytes = std::fs::read(path).map_err(|e| bad(path, format!("cannot read: {e}")))?;
+    decode_bytes_plan(&bytes, plan).map_err(|reason| bad(path, reason))
+}
+
+/// [`decode_file_plan`] for an in-memory image.
+///
+/// # Errors
+/// As [`decode_bytes`].
+pub fn decode_bytes_plan(
+    bytes: &[u8],
+    plan: impl FnOnce(u32, u32, &[u32]) -> DecodePlan,
+) -> Result<ScaledImage, String> {
+    let format = checked_format(bytes)?;
+    let mut plan = Some(plan);
+    if format == ImageFormat::Jpeg {
+        let direct = catch_unwind(AssertUnwindSafe(|| decode_jpeg_plan(bytes, &mut plan)));
+        match direct {
+            Ok(Some(img)) => return Ok(img),
+            Ok(None) => {}
+            Err(_) => return Err("the decoder panicked on this file".into()),
+        }
+    }
+    // Not a colour JPEG zune-jpeg decodes cleanly: the general path gives the same pixels as
+    // `decode_bytes` and its error messages.
+    let image = decode_checked(bytes, format)?;
+    let full_size = image.dimensions();
+    if let Some(plan) = plan {
+        plan(full_size.0, full_size.1, &[1]);
+    }
+    Ok(ScaledImage {
+        image,
+        scale: 1,
+        full_size,
+    })
+}
+
 /// Reads `path` and decodes the pixels of the box `region` picks from the image's size; the
 /// rest of the returned image is unspecified.
 ///
@@ -63,32 +134,20 @@ pub fn decode_bytes_region(
     bytes: &[u8],
     region: impl FnOnce(u32, u32) -> Option<CropBox>,
 ) -> Result<RgbImage, String> {
-    let format = checked_format(bytes)?;
-    let mut region = Some(region);
-    if format == ImageFormat::Jpeg {
-        let direct = catch_unwind(AssertUnwindSafe(|| decode_jpeg_region(bytes, &mut region)));
-        match direct {
-            Ok(Some(img)) => return Ok(img),
-            Ok(None) => {}
-            Err(_) => return Err("the decoder panicked on this file".into()),
-        }
-    }
-    // Not a colour JPEG zune-jpeg decodes cleanly: the general path gives the same pixels as
-    // `decode_bytes` and its error messages.
-    let img = decode_checked(bytes, format)?;
-    if let Some(region) = region {
-        region(img.width(), img.height());
-    }
-    Ok(img)
+    decode_bytes_plan(bytes, |w, h, _| DecodePlan {
+        scale: 1,
+        region: region(w, h),
+    })
+    .map(|decoded| decoded.image)
 }
 
-/// The region decode of a YCbCr JPEG, with the options `image` gives zune-jpeg (lenient, no size
-/// limit, RGB out) so that the pixels are the same. `None`, with `region` not taken, for any
+/// The plan's decode of a YCbCr JPEG, with the options `image` gives zune-jpeg (lenient, no size
+/// limit, RGB out) so that the pixels are the same. `None`, with `plan` not taken, for any
 /// other colour space or any error, which the general path then reports.
-fn decode_jpeg_region(
+fn decode_jpeg_plan(
     bytes: &[u8],
-    region: &mut Option<impl FnOnce(u32, u32) -> Option<CropBox>>,
-) -> Option<RgbImage> {
+    plan: &mut Option<impl FnOnce(u32, u32, &[u32]) -> DecodePlan>,
+) -> Option<ScaledImage> {
     let options = DecoderOptions::default()
         .set_strict_mode(false)
         .set_max_width(usize::MAX)
@@ -104,8 +163,22 @@ fn decode_jpeg_region(
     if w == 0 || h == 0 {
         return None;
     }
-    let pick = region.take()?;
-    if let Some(b) = pick(w, h) {
+    let mut scales = vec![1];
+    for s in [2, 4, 8] {
+        decoder.set_scale(s);
+        if decoder.scale() == s {
+            scales.push(s as u32);
+        }
+    }
+    let pick = plan.take()?;
+    let chosen = pick(w, h, &scales);
+    let scale = if scales.contains(&chosen.scale) {
+        chosen.scale
+    } else {
+        1
+    };
+    decoder.set_scale(scale as usize);
+    if let Some(b) = chosen.region {
         decoder.set_region(
             b.left as usize,
             b.top as usize,
@@ -113,8 +186,14 @@ fn decode_jpeg_region(
             b.height as usize,
         );
     }
+    let (out_w, out_h) = decoder.output_dimensions()?;
+    let (out_w, out_h) = (u32::try_from(out_w).ok()?, u32::try_from(out_h).ok()?);
     match decoder.decode() {
-        Ok(pixels) => RgbImage::from_raw(w, h, pixels),
+        Ok(pixels) => Some(ScaledImage {
+            image: RgbImage::from_raw(out_w, out_h, pixels)?,
+            scale,
+            full_size: (w, h),
+        }),
         // The box was drawn; a file that fails here fails on every path, so report it as the
         // general path words it.
         Err(_) => None,

@@ -41,13 +41,15 @@ mod folder_index;
 mod loader;
 mod pil_resample;
 mod sampler;
+mod scale;
 pub mod synthetic;
 pub mod transform;
 
 pub use augment::AutoAugment;
 pub use batch::{Batch, BatchImages, f32_images_to_tensor, u8_images_to_tensor};
 pub use decode::{
-    decode_bytes, decode_bytes_region, decode_file, decode_file_region, jpeg_end_of_image,
+    DecodePlan, ScaledImage, decode_bytes, decode_bytes_plan, decode_bytes_region, decode_file,
+    decode_file_plan, decode_file_region, jpeg_end_of_image,
 };
 pub use erase::RandomErasing;
 pub use error::DataError;
@@ -57,4 +59,5 @@ pub use loader::{
     BadImagePolicy, EpochIter, Loader, LoaderConfig, OutputFormat, repeat_rng, sample_rng,
 };
 pub use sampler::{DistributedSampler, SampledIndex, repeated_augmentation_indices};
+pub use scale::{DecodeScaling, FAITHFUL_FACTOR};
 pub use transform::{CropBox, IMAGENET_MEAN, IMAGENET_STD, Interpolation, Resampler, Transform};

@@ -11,9 +11,10 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
-use crate::decode::decode_file_region;
+use crate::decode::decode_file_plan;
 use crate::erase::zero_box_chw;
 use crate::sampler::{DistributedSampler, SampledIndex};
+use crate::scale::DecodeScaling;
 use crate::transform::{CropBox, Resampler, Transform, normalize_chw};
 use crate::{Batch, BatchImages, DataError, ImageFolder};
 
@@ -64,6 +65,9 @@ pub struct LoaderConfig {
     /// and its resize's support (the default; the batches are the same either way). `false`
     /// decodes whole images, for benchmarks.
     pub decode_region: bool,
+    /// When to decode a JPEG at 1/2, 1/4 or 1/8 of its size (DCT-domain downscaling): by
+    /// default only where the output stays as close to torchvision's as a full decode.
+    pub decode_scaling: DecodeScaling,
 }
 
 impl LoaderConfig {
@@ -80,6 +84,7 @@ impl LoaderConfig {
             policy: BadImagePolicy::Skip,
             resampler: Resampler::default(),
             decode_region: true,
+            decode_scaling: DecodeScaling::default(),
         }
     }
 
@@ -124,6 +129,12 @@ impl LoaderConfig {
     /// Sets `resampler`.
     pub fn with_resampler(mut self, resampler: Resampler) -> Self {
         self.resampler = resampler;
+        self
+    }
+
+    /// Sets `decode_scaling`.
+    pub fn with_decode_scaling(mut self, decode_scaling: DecodeScaling) -> Self {
+        self.decode_scaling = decode_scaling;
         self
     }
 
@@ -366,19 +377,28 @@ impl BatchJob {
             // The crop is drawn from the header's size so that only the pixels the transform
             // reads are decoded.
             let mut drawn = None;
-            let img = decode_file_region(path, |w, h| {
+            let img = decode_file_plan(path, |w, h, scales| {
                 let crop = transform.draw_crop(w, h, &mut rng);
                 drawn = Some(crop);
-                let read = transform.pixels_read(w, h, crop, self.config.resampler);
-                read.filter(|_| self.config.decode_region)
+                let mut plan = transform.plan(
+                    w,
+                    h,
+                    crop,
+                    self.config.resampler,
+                    self.config.decode_scaling,
+                    scales,
+                );
+                if !self.config.decode_region {
+                    plan.region = None;
+                }
+                plan
             })
             .map_err(|e| match e {
                 DataError::BadImage { reason, .. } => reason,
                 other => other.to_string(),
             })?;
-            let crop =
-                drawn.expect("decode_file_region asks every image it decodes for its region");
-            Ok(transform.apply_drawn(&img, crop, &mut rng, self.config.resampler, out))
+            let crop = drawn.expect("decode_file_plan asks every image it decodes for its plan");
+            Ok(transform.apply_scaled(&img, crop, &mut rng, self.config.resampler, out))
         }))
         .unwrap_or_else(|_| Err("the transform panicked on this image".to_string()));
         if let Err(reason) = &result {

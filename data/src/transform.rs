@@ -9,8 +9,10 @@ use image::RgbImage;
 use rand::{Rng, RngExt};
 
 use crate::augment::{AutoAugment, affine_nearest_to};
+use crate::decode::{DecodePlan, ScaledImage};
 use crate::erase::RandomErasing;
 use crate::pil_resample::{self, Filter};
+use crate::scale::DecodeScaling;
 
 /// ImageNet per-channel mean (RGB), as in torchvision's references.
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
@@ -28,6 +30,24 @@ pub struct CropBox {
     pub height: u32,
     /// Columns (`w`).
     pub width: u32,
+}
+
+/// The pixels a transform reads: an image decoded at `1/scale` of `full_size`.
+#[derive(Clone, Copy)]
+struct Source<'a> {
+    image: &'a RgbImage,
+    scale: u32,
+    full_size: (u32, u32),
+}
+
+impl<'a> From<&'a ScaledImage> for Source<'a> {
+    fn from(img: &'a ScaledImage) -> Self {
+        Source {
+            image: &img.image,
+            scale: img.scale,
+            full_size: img.full_size,
+        }
+    }
 }
 
 /// Python's `round()`: half to even.
@@ -156,7 +176,7 @@ pub enum Interpolation {
 }
 
 impl Interpolation {
-    fn fir_filter(self) -> fr::FilterType {
+    pub(crate) fn fir_filter(self) -> fr::FilterType {
         match self {
             Interpolation::Bicubic => fr::FilterType::CatmullRom,
             _ => fr::FilterType::Bilinear,
@@ -189,6 +209,11 @@ fn nearest_resized_crop(src: &RgbImage, crop: CropBox, out_w: u32, out_h: u32) -
 
 thread_local! {
     static RESIZER: RefCell<fr::Resizer> = RefCell::new(fr::Resizer::new());
+}
+
+/// Runs `f` with this thread's resizer (its buffers are reused from call to call).
+pub(crate) fn with_resizer<T>(f: impl FnOnce(&mut fr::Resizer) -> T) -> T {
+    RESIZER.with(|r| f(&mut r.borrow_mut()))
 }
 
 /// Crops `crop` out of `src` and resizes it to `out_w × out_h` with `interpolation`, as PIL's
@@ -449,8 +474,21 @@ impl Transform {
         crop: Option<CropBox>,
         resampler: Resampler,
     ) -> Option<CropBox> {
+        self.pixels_read_at(width, height, crop, resampler, 1)
+    }
+
+    /// [`Self::pixels_read`] of the image decoded at `1/scale`, in that decode's pixels.
+    fn pixels_read_at(
+        &self,
+        width: u32,
+        height: u32,
+        crop: Option<CropBox>,
+        resampler: Resampler,
+        scale: u32,
+    ) -> Option<CropBox> {
+        let scaled = (width.div_ceil(scale), height.div_ceil(scale));
         match *self {
-            Self::Train { .. } => crop,
+            Self::Train { .. } => crop.map(|c| crate::scale::scaled_box(c, scale, scaled)),
             Self::Val {
                 resize,
                 size,
@@ -466,17 +504,26 @@ impl Transform {
                 // Source span of output pixels `start..start + len` of `out` resized from `inp`:
                 // the window's preimage widened by the filter's support at this scale, plus two
                 // pixels for the rounding of the taps' bounds.
-                let span = |start: u32, len: u32, out: u32, inp: u32| {
-                    let scale = f64::from(inp) / f64::from(out);
+                // `inp` is the source's extent in the decoded image's pixels, `limit` its size.
+                let span = |start: u32, len: u32, out: u32, inp: f64, limit: u32| {
+                    let scale = inp / f64::from(out);
                     let margin = (support * scale.max(1.0)).ceil() + 2.0;
                     let lo = (f64::from(start) * scale - margin).floor().max(0.0) as u32;
                     let hi = (f64::from(start + len) * scale + margin)
                         .ceil()
-                        .min(f64::from(inp)) as u32;
+                        .min(f64::from(limit)) as u32;
                     (lo, hi - lo)
                 };
-                let (left, cols) = span(window.left, window.width, w, width);
-                let (top, rows) = span(window.top, window.height, h, height);
+                let s = f64::from(scale);
+                let (left, cols) =
+                    span(window.left, window.width, w, f64::from(width) / s, scaled.0);
+                let (top, rows) = span(
+                    window.top,
+                    window.height,
+                    h,
+                    f64::from(height) / s,
+                    scaled.1,
+                );
                 Some(CropBox {
                     top,
                     left,
@@ -485,6 +532,69 @@ impl Transform {
                 })
             }
         }
+    }
+
+    /// What to decode of a `width × height` image given the `crop` [`Self::draw_crop`] drew:
+    /// the smallest of the file's `scales` `scaling` allows (see [`DecodeScaling`]) and the
+    /// pixels [`Self::apply_scaled`] reads at that scale. Only bilinear resizing on
+    /// [`Resampler::FastImageResize`] reads scaled decodes; everything else decodes at full size.
+    pub fn plan(
+        &self,
+        width: u32,
+        height: u32,
+        crop: Option<CropBox>,
+        resampler: Resampler,
+        scaling: DecodeScaling,
+        scales: &[u32],
+    ) -> DecodePlan {
+        let scale = match (*self, resampler) {
+            (
+                Self::Train {
+                    size,
+                    interpolation: Interpolation::Bilinear,
+                    ..
+                },
+                Resampler::FastImageResize,
+            ) => crop.map_or(1, |c| {
+                scaling.choose(
+                    (f64::from(c.width), f64::from(c.height)),
+                    (size, size),
+                    scales,
+                )
+            }),
+            (
+                Self::Val {
+                    resize,
+                    interpolation: Interpolation::Bilinear,
+                    ..
+                },
+                Resampler::FastImageResize,
+            ) => {
+                let resized = resize_shorter_side(width, height, resize);
+                scaling.choose((f64::from(width), f64::from(height)), resized, scales)
+            }
+            _ => 1,
+        };
+        DecodePlan {
+            scale,
+            region: self.pixels_read_at(width, height, crop, resampler, scale),
+        }
+    }
+
+    /// [`Self::apply_drawn`] on an image decoded as [`Self::plan`] said, at any scale.
+    ///
+    /// # Panics
+    /// As [`Self::apply_drawn`], and for a scaled image with a resize other than bilinear on
+    /// [`Resampler::FastImageResize`].
+    pub fn apply_scaled<R: Rng + ?Sized>(
+        &self,
+        img: &ScaledImage,
+        crop: Option<CropBox>,
+        rng: &mut R,
+        resampler: Resampler,
+        out: &mut [u8],
+    ) -> Option<CropBox> {
+        self.apply_source(Source::from(img), crop, rng, resampler, out)
     }
 
     /// [`Self::apply_into`] after [`Self::draw_crop`] drew `crop` from the same `rng`: the
@@ -500,6 +610,28 @@ impl Transform {
         resampler: Resampler,
         out: &mut [u8],
     ) -> Option<CropBox> {
+        let source = Source {
+            image: img,
+            scale: 1,
+            full_size: img.dimensions(),
+        };
+        self.apply_source(source, crop, rng, resampler, out)
+    }
+
+    fn apply_source<R: Rng + ?Sized>(
+        &self,
+        source: Source<'_>,
+        crop: Option<CropBox>,
+        rng: &mut R,
+        resampler: Resampler,
+        out: &mut [u8],
+    ) -> Option<CropBox> {
+        let img = source.image;
+        let scaled = source.scale > 1;
+        assert!(
+            !scaled || resampler == Resampler::FastImageResize,
+            "a scaled decode is read by fast_image_resize only"
+        );
         match *self {
             Self::Train {
                 size,
@@ -511,7 +643,11 @@ impl Transform {
             } => {
                 let crop = crop.expect("the training transform's crop is drawn first");
                 let flip = rng.random::<f64>() < flip_prob;
-                let hwc = resized_crop(img, crop, (size, size), interpolation, resampler);
+                let hwc = if scaled {
+                    crate::scale::resized_crop(img, source.scale, crop, (size, size), interpolation)
+                } else {
+                    resized_crop(img, crop, (size, size), interpolation, resampler)
+                };
                 let s = size as usize;
                 match auto_augment {
                     Some(policy) => {
@@ -532,9 +668,19 @@ impl Transform {
                 size,
                 interpolation,
             } => {
-                let (w, h) = resize_shorter_side(img.width(), img.height(), resize);
+                let (w, h) = resize_shorter_side(source.full_size.0, source.full_size.1, resize);
                 let s = size as usize;
                 let crop = center_crop_box(w, h, size, size);
+                if scaled {
+                    let c = crop.expect("a scaled decode is at least the resize's size");
+                    let extent = (
+                        f64::from(source.full_size.0) / f64::from(source.scale),
+                        f64::from(source.full_size.1) / f64::from(source.scale),
+                    );
+                    let hwc = fir_resize_window(img, extent, (w, h), c, interpolation);
+                    hwc_to_chw(&hwc, s, s, false, out);
+                    return None;
+                }
                 match (crop, resampler, interpolation) {
                     (Some(c), _, Interpolation::Bicubic) => {
                         let full = CropBox {
@@ -551,7 +697,8 @@ impl Transform {
                         // Resize only the output window: the same kernels as resizing the whole
                         // image to w x h then cropping (fast_image_resize's crop box keeps
                         // the pixels outside the box in the filter support).
-                        let hwc = fir_resize_window(img, (w, h), c, interpolation);
+                        let extent = (f64::from(img.width()), f64::from(img.height()));
+                        let hwc = fir_resize_window(img, extent, (w, h), c, interpolation);
                         hwc_to_chw(&hwc, s, s, false, out);
                     }
                     (crop, _, _) => {
@@ -573,9 +720,11 @@ impl Transform {
 }
 
 /// The `window` of `src` resized (as a whole) to `resized = (w, h)`, computed without resizing
-/// the rest. Returns packed HWC RGB of `window.width × window.height`.
+/// the rest. `extent` is the source's size in `src`'s pixels: its size, or less for a scaled
+/// decode rounded up to whole pixels. Returns packed HWC RGB of `window.width × window.height`.
 fn fir_resize_window(
     src: &RgbImage,
+    extent: (f64, f64),
     resized: (u32, u32),
     window: CropBox,
     interpolation: Interpolation,
@@ -583,8 +732,8 @@ fn fir_resize_window(
     let fir_src =
         fr::images::ImageRef::new(src.width(), src.height(), src.as_raw(), fr::PixelType::U8x3)
             .expect("an RgbImage buffer always matches its size");
-    let sx = f64::from(src.width()) / f64::from(resized.0);
-    let sy = f64::from(src.height()) / f64::from(resized.1);
+    let sx = extent.0 / f64::from(resized.0);
+    let sy = extent.1 / f64::from(resized.1);
     let mut dst = fr::images::Image::new(window.width, window.height, fr::PixelType::U8x3);
     let options = fr::ResizeOptions::new()
         .resize_alg(fr::ResizeAlg::Convolution(interpolation.fir_filter()))

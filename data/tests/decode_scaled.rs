@@ -7,7 +7,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use data::decode_file;
+use data::transform::{Resampler, Transform};
+use data::{DecodeScaling, decode_file, decode_file_plan};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use zune_core::bytestream::ZCursor;
@@ -255,4 +256,58 @@ fn a_region_of_a_scaled_decode_is_exactly_the_whole_scaled_decodes() {
         }
     }
     assert!(checked >= 200, "{checked} boxes");
+}
+
+/// `RandomResizedCrop` on a scaled decode of only the crop's region, against the same draws on
+/// the full decode: under `Faithful` within a few levels (the mean within the validation
+/// bound of `fidelity.rs`).
+#[test]
+fn the_training_crop_from_a_scaled_region_decode_matches_the_full_decodes() {
+    let transform = Transform::train(32);
+    let mut scaled = 0;
+    for name in ["baseline_420", "baseline_444", "phone_trailer", "small_422"] {
+        let path = common::fixtures()
+            .join("photos")
+            .join(format!("{name}.jpg"));
+        for index in 0..24 {
+            let run = |scaling: DecodeScaling| {
+                let mut rng = data::sample_rng(3, 0, index);
+                let mut drawn = None;
+                let img = decode_file_plan(&path, |w, h, scales| {
+                    let crop = transform.draw_crop(w, h, &mut rng);
+                    drawn = Some(crop);
+                    transform.plan(w, h, crop, Resampler::default(), scaling, scales)
+                })
+                .expect("decode");
+                let mut out = vec![0u8; 3 * 32 * 32];
+                let crop = drawn.expect("planned");
+                transform.apply_scaled(&img, crop, &mut rng, Resampler::default(), &mut out);
+                (img.scale, out)
+            };
+            let (full_scale, full) = run(DecodeScaling::Off);
+            assert_eq!(full_scale, 1);
+            let (scale, ours) = run(DecodeScaling::Faithful);
+            scaled += usize::from(scale > 1);
+            // The crop's edge falls inside a pixel of the scaled decode, and the resize reads
+            // that pixel whole: the outermost output rows and columns differ most.
+            let (mut edge_max, mut inner_max, mut sum) = (0u8, 0u8, 0u64);
+            for (i, (a, b)) in ours.iter().zip(&full).enumerate() {
+                let (y, x) = ((i / 32) % 32, i % 32);
+                let d = a.abs_diff(*b);
+                if y == 0 || y == 31 || x == 0 || x == 31 {
+                    edge_max = edge_max.max(d);
+                } else {
+                    inner_max = inner_max.max(d);
+                }
+                sum += u64::from(d);
+            }
+            let mean = sum as f64 / full.len() as f64;
+            assert!(
+                inner_max <= 4 && edge_max <= 12 && mean <= 0.35,
+                "{name}, sample {index} at 1/{scale}: max {inner_max} inside, {edge_max} on \
+                 the edge, mean {mean:.3} from the full decode"
+            );
+        }
+    }
+    assert!(scaled >= 10, "{scaled} crops decoded scaled");
 }

@@ -5,8 +5,8 @@
 
 mod common;
 
-use data::decode_file;
 use data::transform::{Resampler, Transform};
+use data::{DecodeScaling, decode_file, decode_file_plan};
 
 /// The most one channel of one pixel may differ, in 1/255 steps: the decoders' IDCTs and the
 /// resizers round differently.
@@ -21,6 +21,12 @@ const SUBSAMPLED_MAX_ERROR: u8 = 3;
 const SUBSAMPLED_EXCESS: f64 = 1e-4;
 /// Mean error bound, every file.
 const MEAN_ERROR: f64 = 0.35;
+
+/// [`DecodeScaling::Fast`] resizes a decode at up to 1/8 by as little as 1.46× (Pillow's
+/// `draft` does the same): sharp edges move by up to 22 levels, 0.5–1.7 on average (measured on
+/// these files).
+const FAST_MAX_ERROR: u8 = 28;
+const FAST_MEAN_ERROR: f64 = 2.0;
 
 #[test]
 fn val_transform_is_within_a_few_levels_of_torchvisions() {
@@ -75,4 +81,69 @@ fn val_transform_is_within_a_few_levels_of_torchvisions() {
         }
     }
     assert!(failures.is_empty(), "too far off torchvision: {failures:?}");
+}
+
+/// The validation transform at sizes where the 500 × 375 photos decode scaled
+/// (`Resize(32)`/`CenterCrop(28)` and `Resize(64)`/`CenterCrop(56)`; references by
+/// `tests/fixtures/make_scaled_fixtures.py`). Under [`DecodeScaling::Faithful`] the bounds are
+/// the full-size decode's; [`DecodeScaling::Fast`] is allowed [`FAST_MAX_ERROR`] and
+/// [`FAST_MEAN_ERROR`].
+#[test]
+fn scaled_decodes_stay_close_to_torchvision() {
+    let photos = common::fixtures().join("photos");
+    let mut failures: Vec<String> = Vec::new();
+    let mut scaled = [0usize; 2];
+    for (resize, crop) in [(32u32, 28u32), (64, 56)] {
+        let references = common::fixtures().join(format!("scaled/val{resize}_{crop}"));
+        let transform = Transform::val_sizes(resize, crop);
+        for (m, scaling) in [DecodeScaling::Faithful, DecodeScaling::Fast]
+            .into_iter()
+            .enumerate()
+        {
+            for entry in std::fs::read_dir(&references).expect("references") {
+                let reference = entry.expect("entry").path();
+                let name = reference
+                    .file_stem()
+                    .expect("name")
+                    .to_string_lossy()
+                    .to_string();
+                let path = photos.join(format!("{name}.jpg"));
+                let img = decode_file_plan(&path, |w, h, scales| {
+                    transform.plan(w, h, None, Resampler::default(), scaling, scales)
+                })
+                .expect("decode");
+                let mut ours = vec![0u8; (3 * crop * crop) as usize];
+                let mut rng = data::sample_rng(0, 0, 0);
+                transform.apply_scaled(&img, None, &mut rng, Resampler::default(), &mut ours);
+                let theirs = image::open(&reference).expect("reference PNG").into_rgb8();
+                let n = (crop * crop) as usize;
+                let (mut max, mut sum) = (0u8, 0u64);
+                for (i, px) in theirs.pixels().enumerate() {
+                    for c in 0..3 {
+                        let d = ours[c * n + i].abs_diff(px.0[c]);
+                        max = max.max(d);
+                        sum += u64::from(d);
+                    }
+                }
+                let mean = sum as f64 / (3 * n) as f64;
+                eprintln!(
+                    "  {scaling:?} {resize}/{crop} {name:<18} 1/{}  max {max}  mean {mean:.3}",
+                    img.scale
+                );
+                scaled[m] += usize::from(img.scale > 1);
+                let (max_bound, mean_bound) = match scaling {
+                    DecodeScaling::Fast => (FAST_MAX_ERROR, FAST_MEAN_ERROR),
+                    _ => (MAX_ERROR, MEAN_ERROR),
+                };
+                if max > max_bound || mean > mean_bound {
+                    failures.push(format!(
+                        "{scaling:?} {resize}/{crop} {name} at 1/{}: max {max}, mean {mean:.3}",
+                        img.scale
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+    assert!(scaled[0] > 0 && scaled[1] > 0, "scaled decodes: {scaled:?}");
 }
