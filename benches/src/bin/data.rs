@@ -21,8 +21,8 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use data::transform::Resampler;
 use data::{
-    AutoAugment, DistributedSampler, ImageFolder, Loader, LoaderConfig, OutputFormat, Transform,
-    decode_bytes, decode_bytes_region, sample_rng,
+    AutoAugment, DecodeScaling, DistributedSampler, ImageFolder, Loader, LoaderConfig,
+    OutputFormat, Transform, decode_bytes, decode_bytes_region, sample_rng,
 };
 
 #[derive(Parser, Debug)]
@@ -48,9 +48,11 @@ struct Args {
     repeat: usize,
     /// Pipelines to time (comma-separated subset of decode,decode_crop,train,train_full_decode,
     /// train_image_resize,train_f32,train_ta_wide,train_ta_wide_full_decode,train_ta_wide_erase,
-    /// val,val_full_decode). `decode_crop` decodes only a `RandomResizedCrop` box of each image;
-    /// the `_full_decode` pipelines decode whole images (the loader's default decodes only the
-    /// pixels the transform reads).
+    /// val,val_full_decode, and train_unscaled,train_fast,val_unscaled,val_fast). `decode_crop`
+    /// decodes only a `RandomResizedCrop` box of each image; the `_full_decode` pipelines decode
+    /// whole images at full size (the loader's default decodes only the pixels the transform
+    /// reads, at 1/2 to 1/8 of the size where `DecodeScaling::Faithful` allows); `_unscaled`
+    /// decodes the region at full size, `_fast` scales as `DecodeScaling::Fast` allows.
     #[arg(
         long,
         default_value = "decode,decode_crop,train,train_full_decode,train_image_resize,train_f32,train_ta_wide,train_ta_wide_full_decode,train_ta_wide_erase,val,val_full_decode"
@@ -215,6 +217,8 @@ fn run(args: Args) -> Result<()> {
         "decode_crop",
         "train",
         "train_full_decode",
+        "train_unscaled",
+        "train_fast",
         "train_image_resize",
         "train_f32",
         "train_ta_wide",
@@ -222,6 +226,8 @@ fn run(args: Args) -> Result<()> {
         "train_ta_wide_erase",
         "val",
         "val_full_decode",
+        "val_unscaled",
+        "val_fast",
     ] {
         if !wanted.contains(&name) {
             continue;
@@ -259,9 +265,31 @@ fn run(args: Args) -> Result<()> {
                 Ok(ok.into_inner())
             })?,
             "train" => best(&|| loader_run(LoaderConfig::train(args.size, bs)))?,
-            "train_full_decode" => {
-                best(&|| loader_run(LoaderConfig::train(args.size, bs).with_decode_region(false)))?
-            }
+            "train_full_decode" => best(&|| {
+                loader_run(
+                    LoaderConfig::train(args.size, bs)
+                        .with_decode_region(false)
+                        .with_decode_scaling(DecodeScaling::Off),
+                )
+            })?,
+            "train_unscaled" => best(&|| {
+                loader_run(
+                    LoaderConfig::train(args.size, bs).with_decode_scaling(DecodeScaling::Off),
+                )
+            })?,
+            "train_fast" => best(&|| {
+                loader_run(
+                    LoaderConfig::train(args.size, bs).with_decode_scaling(DecodeScaling::Fast),
+                )
+            })?,
+            "val_unscaled" => best(&|| {
+                loader_run(LoaderConfig::val(args.size, bs).with_decode_scaling(DecodeScaling::Off))
+            })?,
+            "val_fast" => best(&|| {
+                loader_run(
+                    LoaderConfig::val(args.size, bs).with_decode_scaling(DecodeScaling::Fast),
+                )
+            })?,
             "train_image_resize" => best(&|| {
                 loader_run(LoaderConfig::train(args.size, bs).with_resampler(Resampler::Image))
             })?,
@@ -269,13 +297,21 @@ fn run(args: Args) -> Result<()> {
                 loader_run(LoaderConfig::train(args.size, bs).with_output(OutputFormat::F32))
             })?,
             "train_ta_wide" => best(&|| loader_run(recipe(0.0)))?,
-            "train_ta_wide_full_decode" => {
-                best(&|| loader_run(recipe(0.0).with_decode_region(false)))?
-            }
+            "train_ta_wide_full_decode" => best(&|| {
+                loader_run(
+                    recipe(0.0)
+                        .with_decode_region(false)
+                        .with_decode_scaling(DecodeScaling::Off),
+                )
+            })?,
             "train_ta_wide_erase" => best(&|| loader_run(recipe(0.1)))?,
-            "val_full_decode" => {
-                best(&|| loader_run(LoaderConfig::val(args.size, bs).with_decode_region(false)))?
-            }
+            "val_full_decode" => best(&|| {
+                loader_run(
+                    LoaderConfig::val(args.size, bs)
+                        .with_decode_region(false)
+                        .with_decode_scaling(DecodeScaling::Off),
+                )
+            })?,
             _ => best(&|| loader_run(LoaderConfig::val(args.size, bs)))?,
         };
         rows.push((name, ips));
