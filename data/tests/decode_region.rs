@@ -3,31 +3,10 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use data::{CropBox, decode_file, decode_file_region};
 use image::RgbImage;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-
-/// Every photo fixture (baseline 4:2:0, 4:4:4 and 4:2:2, progressive, grayscale, CMYK, a phone
-/// file with a trailer) and the region fixtures (restart markers per row and mid-row, 4:1:1,
-/// 4:4:0, sizes off the MCU grid, a two-MCU image).
-fn fixtures() -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for folder in ["photos", "region"] {
-        let dir = common::fixtures().join(folder);
-        for entry in std::fs::read_dir(&dir).expect("fixture folder") {
-            let path = entry.expect("fixture entry").path();
-            if path.extension().is_some_and(|e| e == "jpg") {
-                files.push(path);
-            }
-        }
-    }
-    files.sort();
-    assert!(files.len() >= 13, "fixtures missing: {files:?}");
-    files
-}
 
 /// Boxes at the corners and edges, one pixel and one row or column wide, on and off the MCU
 /// grid, the whole image, and random `RandomResizedCrop`-like boxes.
@@ -124,7 +103,7 @@ fn assert_same_inside(full: &RgbImage, region: &RgbImage, b: CropBox, what: &str
 fn a_region_decodes_to_exactly_the_full_decodes_pixels() {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let mut checked = 0;
-    for path in fixtures() {
+    for path in common::jpeg_fixtures() {
         let full = decode_file(&path).expect("full decode");
         let (w, h) = full.dimensions();
         for b in boxes(w, h, &mut rng) {
@@ -150,7 +129,7 @@ fn a_region_decodes_to_exactly_the_full_decodes_pixels() {
 #[test]
 fn no_region_is_the_whole_image_bit_for_bit() {
     // The direct zune-jpeg call must give what `image` gives (the same options), everywhere.
-    for path in fixtures() {
+    for path in common::jpeg_fixtures() {
         let full = decode_file(&path).expect("full decode");
         let whole = decode_file_region(&path, |_, _| None).expect("decode without a region");
         assert!(
@@ -233,7 +212,7 @@ fn the_transforms_read_only_the_pixels_they_report() {
         Transform::train(64).with_auto_augment(Some(AutoAugment::TrivialAugmentWide)),
     ];
     let mut regions = 0;
-    for path in fixtures() {
+    for path in common::jpeg_fixtures() {
         let full = decode_file(&path).expect("full decode");
         for (t, transform) in transforms.iter().enumerate() {
             for resampler in [Resampler::FastImageResize, Resampler::Image] {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use data::transform::{Resampler, Transform};
 use data::{DecodeScaling, decode_file, decode_file_plan};
@@ -15,22 +15,6 @@ use zune_core::bytestream::ZCursor;
 use zune_core::colorspace::ColorSpace;
 use zune_core::options::DecoderOptions;
 use zune_jpeg::JpegDecoder;
-
-fn fixtures() -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for folder in ["photos", "region"] {
-        let dir = common::fixtures().join(folder);
-        for entry in std::fs::read_dir(&dir).expect("fixture folder") {
-            let path = entry.expect("fixture entry").path();
-            if path.extension().is_some_and(|e| e == "jpg") {
-                files.push(path);
-            }
-        }
-    }
-    files.sort();
-    assert!(files.len() >= 13, "fixtures missing: {files:?}");
-    files
-}
 
 /// Decodes `path` at `1/scale`, optionally only `region` (left, top, width, height in the
 /// scaled image). Returns the scale used, the size and the RGB pixels.
@@ -155,12 +139,8 @@ fn a_scaled_decode_matches_libjpeg_turbos() {
 #[test]
 fn a_scaled_decode_is_close_to_the_full_decode_averaged() {
     let mut applied = 0;
-    for path in fixtures() {
-        let name = path
-            .file_name()
-            .expect("name")
-            .to_string_lossy()
-            .to_string();
+    for path in common::jpeg_fixtures() {
+        let name = common::file_name(&path);
         for s in [2, 4, 8] {
             let (used, size, pixels) = decode_scaled(&path, s, None);
             if used == 1 {
@@ -218,12 +198,8 @@ fn progressive_grayscale_and_cmyk_files_decode_whole() {
 fn a_region_of_a_scaled_decode_is_exactly_the_whole_scaled_decodes() {
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let mut checked = 0;
-    for path in fixtures() {
-        let name = path
-            .file_name()
-            .expect("name")
-            .to_string_lossy()
-            .to_string();
+    for path in common::jpeg_fixtures() {
+        let name = common::file_name(&path);
         for s in [2, 4, 8] {
             let (used, (w, h), whole) = decode_scaled(&path, s, None);
             if used == 1 {

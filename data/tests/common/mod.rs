@@ -19,6 +19,31 @@ pub fn fixtures() -> PathBuf {
     manifest_dir().join("tests/fixtures")
 }
 
+/// Every photo fixture (baseline 4:2:0, 4:4:4 and 4:2:2, progressive, grayscale, CMYK, a phone
+/// file with a trailer) and the region fixtures (restart markers per row and mid-row, 4:1:1,
+/// 4:4:0, sizes off the MCU grid, a two-MCU image), sorted.
+pub fn jpeg_fixtures() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for folder in ["photos", "region"] {
+        let dir = fixtures().join(folder);
+        for entry in std::fs::read_dir(&dir).expect("fixture folder") {
+            let path = entry.expect("fixture entry").path();
+            if path.extension().is_some_and(|e| e == "jpg") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    assert!(files.len() >= 13, "fixtures missing: {files:?}");
+    files
+}
+
+/// A path's file name, for messages.
+pub fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+}
+
 /// A `w × h` image whose pixels depend on position and `seed` (smooth, so JPEG keeps it).
 pub fn pattern(w: u32, h: u32, seed: u32) -> Vec<u8> {
     let mut px = Vec::with_capacity((3 * w * h) as usize);
