@@ -212,6 +212,13 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value_t = Interp::Bilinear)]
     #[serde(default)]
     pub interpolation: Interp,
+    /// JPEG decoding at 1/2, 1/4 or 1/8 of the size (DCT-domain downscaling): faithful scales
+    /// only where the resize after it still shrinks 4x (pixels as close to torchvision's as a
+    /// full decode; phone photos, not ImageNet's ~500x375 files), fast wherever the scaled image
+    /// keeps the output size (as DALI and Pillow's draft; a few levels off), off never.
+    #[arg(long, value_enum, default_value_t = DecodeScalingArg::Faithful)]
+    #[serde(default)]
+    pub decode_scaling: DecodeScalingArg,
     /// Automatic augmentation after the crop and flip: ta_wide, ra or imagenet (AutoAugment).
     #[arg(long, value_enum)]
     #[serde(default)]
@@ -453,6 +460,29 @@ pub enum Interp {
     Bicubic,
     /// Nearest neighbour.
     Nearest,
+}
+
+/// `--decode-scaling`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecodeScalingArg {
+    /// Only where the output stays as close to torchvision's as a full decode.
+    #[default]
+    Faithful,
+    /// Down to the output size.
+    Fast,
+    /// Never.
+    Off,
+}
+
+impl From<DecodeScalingArg> for data::DecodeScaling {
+    fn from(arg: DecodeScalingArg) -> Self {
+        match arg {
+            DecodeScalingArg::Faithful => data::DecodeScaling::Faithful,
+            DecodeScalingArg::Fast => data::DecodeScaling::Fast,
+            DecodeScalingArg::Off => data::DecodeScaling::Off,
+        }
+    }
 }
 
 /// `--auto-augment` (torchvision's names).
@@ -748,6 +778,7 @@ pub(crate) mod tests {
             "val_resize_size",
             "val_crop_size",
             "interpolation",
+            "decode_scaling",
             "auto_augment",
             "ra_magnitude",
             "random_erase",
@@ -808,6 +839,8 @@ pub(crate) mod tests {
             "232",
             "--interpolation",
             "bicubic",
+            "--decode-scaling",
+            "fast",
             "--ra-sampler",
             "--ra-reps",
             "4",
@@ -821,6 +854,8 @@ pub(crate) mod tests {
             (a.interpolation, a.ra_sampler, a.ra_reps),
             (Interp::Bicubic, true, 4)
         );
+        assert_eq!(a.decode_scaling, DecodeScalingArg::Fast);
+        assert_eq!(parse(&[]).decode_scaling, DecodeScalingArg::Faithful);
         a.validate().expect("valid");
         for (args, flag) in [
             (&["--random-erase", "1.5"][..], "random-erase"),

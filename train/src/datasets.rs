@@ -116,7 +116,8 @@ pub(crate) fn val_loader(
     let mut config = LoaderConfig::val(args.image_size as u32, args.val_batch_size)
         .with_workers(args.workers)
         .with_seed(args.seed)
-        .with_policy(bad_image_policy(args));
+        .with_policy(bad_image_policy(args))
+        .with_decode_scaling(args.decode_scaling.into());
     config.transform = val_transform(args);
     Ok(Loader::new(folder, sampler, config)?)
 }
@@ -196,7 +197,8 @@ pub fn load_data(args: &TrainArgs, rank: usize, world_size: usize) -> Result<Dat
     )
     .with_workers(args.workers)
     .with_seed(args.seed)
-    .with_policy(bad_image_policy(args));
+    .with_policy(bad_image_policy(args))
+    .with_decode_scaling(args.decode_scaling.into());
     train_config.transform = train_transform(args);
     let train_loader = Loader::new(train, train_sampler, train_config)?;
     Ok(Datasets {
