@@ -287,3 +287,39 @@ fn the_training_crop_from_a_scaled_region_decode_matches_the_full_decodes() {
     }
     assert!(scaled >= 10, "{scaled} crops decoded scaled");
 }
+
+/// A file cut short decodes at a scale as at full size: no panic, the part the data covered,
+/// the rest filled (the decoder is lenient, as `image` runs it).
+#[test]
+fn a_truncated_file_decodes_at_a_scale_without_panicking() {
+    let path = common::fixtures().join("photos/baseline_420.jpg");
+    let bytes = std::fs::read(&path).expect("fixture");
+    for cut in [
+        700,
+        5_000,
+        bytes.len() / 3,
+        bytes.len() / 2,
+        bytes.len() - 10,
+    ] {
+        for s in [2, 4, 8] {
+            let outcome = std::panic::catch_unwind(|| {
+                let options = DecoderOptions::default()
+                    .set_strict_mode(false)
+                    .jpeg_set_out_colorspace(ColorSpace::RGB);
+                let mut decoder =
+                    JpegDecoder::new_with_options(ZCursor::new(&bytes[..cut]), options);
+                decoder.set_scale(s);
+                decoder.set_region(10, 10, 60, 60);
+                decoder.decode().map(|p| p.len())
+            });
+            let decoded = outcome.unwrap_or_else(|_| panic!("cut at {cut}, 1/{s}: panicked"));
+            if let Ok(len) = decoded {
+                assert_eq!(
+                    len,
+                    3 * 500usize.div_ceil(s) * 375usize.div_ceil(s),
+                    "cut at {cut}"
+                );
+            }
+        }
+    }
+}
