@@ -535,7 +535,7 @@ impl Transform {
     }
 
     /// What to decode of a `width × height` image given the `crop` [`Self::draw_crop`] drew:
-    /// the smallest of the file's `scales` `scaling` allows (see [`DecodeScaling`]) and the
+    /// the largest of the file's `scales` `scaling` allows (see [`DecodeScaling`]) and the
     /// pixels [`Self::apply_scaled`] reads at that scale. Only bilinear resizing on
     /// [`Resampler::FastImageResize`] reads scaled decodes; everything else decodes at full size.
     pub fn plan(
@@ -565,13 +565,19 @@ impl Transform {
             (
                 Self::Val {
                     resize,
+                    size,
                     interpolation: Interpolation::Bilinear,
-                    ..
                 },
                 Resampler::FastImageResize,
             ) => {
-                let resized = resize_shorter_side(width, height, resize);
-                scaling.choose((f64::from(width), f64::from(height)), resized, scales)
+                let (w, h) = resize_shorter_side(width, height, resize);
+                // A crop larger than the resized image pads it, from the whole image.
+                match center_crop_box(w, h, size, size) {
+                    Some(_) => {
+                        scaling.choose((f64::from(width), f64::from(height)), (w, h), scales)
+                    }
+                    None => 1,
+                }
             }
             _ => 1,
         };

@@ -323,3 +323,27 @@ fn a_truncated_file_decodes_at_a_scale_without_panicking() {
         }
     }
 }
+
+/// A validation crop larger than the resized image is padded (torchvision's `CenterCrop`): the
+/// plan decodes such an image at full size, so every scaling gives the unscaled output.
+#[test]
+fn a_padded_validation_crop_is_never_planned_scaled() {
+    let transform = Transform::val_sizes(32, 48);
+    let path = common::fixtures().join("photos/baseline_420.jpg");
+    let run = |scaling: DecodeScaling| {
+        let img = decode_file_plan(&path, |w, h, scales| {
+            transform.plan(w, h, None, Resampler::default(), scaling, scales)
+        })
+        .expect("decode");
+        let mut out = vec![0u8; 3 * 48 * 48];
+        let mut rng = data::sample_rng(0, 0, 0);
+        transform.apply_scaled(&img, None, &mut rng, Resampler::default(), &mut out);
+        (img.scale, out)
+    };
+    let (_, unscaled) = run(DecodeScaling::Off);
+    for scaling in [DecodeScaling::Faithful, DecodeScaling::Fast] {
+        let (scale, out) = run(scaling);
+        assert_eq!(scale, 1, "{scaling:?}");
+        assert_eq!(out, unscaled, "{scaling:?}");
+    }
+}
