@@ -40,6 +40,18 @@ struct Source<'a> {
     full_size: (u32, u32),
 }
 
+impl Source<'_> {
+    /// The whole image's width and height in `image`'s pixels (`full_size / scale`, fractional
+    /// where a scaled side was rounded up).
+    fn extent(&self) -> (f64, f64) {
+        let s = f64::from(self.scale);
+        (
+            f64::from(self.full_size.0) / s,
+            f64::from(self.full_size.1) / s,
+        )
+    }
+}
+
 impl<'a> From<&'a ScaledImage> for Source<'a> {
     fn from(img: &'a ScaledImage) -> Self {
         Source {
@@ -267,9 +279,8 @@ pub fn resized_crop(
             let mut dst = fr::images::Image::new(out_w, out_h, fr::PixelType::U8x3);
             let options = fr::ResizeOptions::new()
                 .resize_alg(fr::ResizeAlg::Convolution(interpolation.fir_filter()));
-            RESIZER.with(|r| {
-                r.borrow_mut()
-                    .resize(&view, &mut dst, &options)
+            with_resizer(|r| {
+                r.resize(&view, &mut dst, &options)
                     .expect("pixel types match and sizes are non-zero")
             });
             dst.into_vec()
@@ -677,16 +688,10 @@ impl Transform {
                 let (w, h) = resize_shorter_side(source.full_size.0, source.full_size.1, resize);
                 let s = size as usize;
                 let crop = center_crop_box(w, h, size, size);
-                if scaled {
-                    let c = crop.expect("a scaled decode is at least the resize's size");
-                    let extent = (
-                        f64::from(source.full_size.0) / f64::from(source.scale),
-                        f64::from(source.full_size.1) / f64::from(source.scale),
-                    );
-                    let hwc = fir_resize_window(img, extent, (w, h), c, interpolation);
-                    hwc_to_chw(&hwc, s, s, false, out);
-                    return None;
-                }
+                assert!(
+                    !scaled || (crop.is_some() && interpolation == Interpolation::Bilinear),
+                    "a scaled decode is planned only for a bilinear resize that is then cropped"
+                );
                 match (crop, resampler, interpolation) {
                     (Some(c), _, Interpolation::Bicubic) => {
                         let full = CropBox {
@@ -703,8 +708,7 @@ impl Transform {
                         // Resize only the output window: the same kernels as resizing the whole
                         // image to w x h then cropping (fast_image_resize's crop box keeps
                         // the pixels outside the box in the filter support).
-                        let extent = (f64::from(img.width()), f64::from(img.height()));
-                        let hwc = fir_resize_window(img, extent, (w, h), c, interpolation);
+                        let hwc = fir_resize_window(img, source.extent(), (w, h), c, interpolation);
                         hwc_to_chw(&hwc, s, s, false, out);
                     }
                     (crop, _, _) => {
@@ -749,9 +753,8 @@ fn fir_resize_window(
             f64::from(window.width) * sx,
             f64::from(window.height) * sy,
         );
-    RESIZER.with(|r| {
-        r.borrow_mut()
-            .resize(&fir_src, &mut dst, &options)
+    with_resizer(|r| {
+        r.resize(&fir_src, &mut dst, &options)
             .expect("pixel types match and sizes are non-zero")
     });
     dst.into_vec()

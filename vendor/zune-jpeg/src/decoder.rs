@@ -328,9 +328,10 @@ where
     pub fn output_buffer_size(&self) -> Option<usize> {
         return if self.headers_decoded {
             // Not upstream: the size at the scale `set_scale` asked for.
+            let (width, height) = self.scaled_size();
             Some(
-                self.scaled_size().0
-                    .checked_mul(self.scaled_size().1)?
+                width
+                    .checked_mul(height)?
                     .checked_mul(self.options.jpeg_get_out_colorspace().num_components())?
             )
         } else {

@@ -108,7 +108,7 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
         let bases = Bases::new();
         let mut stream = BitStream::new();
         let mut tmp = [0_i32; DCT_BLOCK];
-        let scan: Vec<usize> = self.z_order[..3].to_vec();
+        let scan = self.z_order;
         let row_bytes = out_w * out_components;
 
         for i in 0..mcu_y {
@@ -123,7 +123,7 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
             let row_in_region = rows.contains(&i);
             for j in 0..mcu_x {
                 let transform = row_in_region && cols.contains(&j);
-                for &k in &scan {
+                for &k in &scan[..3] {
                     let component = &mut self.components[k];
                     let dc_table = self.dc_huffman_tables[component.dc_huff_table % MAX_COMPONENTS]
                         .as_ref()
