@@ -136,6 +136,17 @@ fn cases() -> Vec<Case> {
             dilation: 2,
             ..c(1, 3, 4, [21, 20], 3, 1, 2, false)
         },
+        // Taps that read only padding are dropped before the GEMMs: only the centre of a 3×3
+        // over one pixel (a pointwise conv then), one axis alone, a 5×5 strided to one tap, a
+        // dilated kernel, and live taps with a dead one between them (stride 2 over one pixel).
+        c(3, 8, 6, [1, 1], 3, 1, 1, true),
+        c(2, 4, 5, [1, 6], 3, 1, 1, false),
+        c(2, 3, 4, [1, 1], 5, 2, 2, false),
+        Case {
+            dilation: 2,
+            ..c(2, 3, 4, [2, 2], 3, 1, 2, true)
+        },
+        c(2, 3, 4, [1, 1], 5, 2, 3, true),
     ]
 }
 
@@ -170,8 +181,8 @@ fn matches_burns_conv_forward_and_gradients() {
     }
 }
 
-/// A batch large enough to be split into several chunks and parallel groups, at a spatial size
-/// of 1×1 (ResNet's last stage at 32 px) and at 56×56.
+/// A batch large enough to be split into several chunks and parallel groups, at ResNet's last
+/// stage at 32 px (2×2 → 1×1 strided, then 1×1 → 1×1) and at 56×56.
 #[test]
 fn chunked_batches_match_burns_conv() {
     let device = Default::default();
@@ -187,6 +198,17 @@ fn chunked_batches_match_burns_conv() {
             padding: 1,
             dilation: 1,
             bias: false,
+        },
+        Case {
+            batch: 64,
+            c_in: 32,
+            c_out: 16,
+            size: [1, 1],
+            kernel: 3,
+            stride: 1,
+            padding: 1,
+            dilation: 1,
+            bias: true,
         },
         Case {
             batch: 3,

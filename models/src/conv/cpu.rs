@@ -14,6 +14,8 @@ use std::cell::Cell;
 use gemm::Parallelism;
 use rayon::prelude::*;
 
+use super::live_taps::{full_weight_grad, live_weight, without_dead_taps};
+
 /// Columns (images × output pixels) per GEMM that keep the micro-kernels busy.
 const TARGET_COLS: usize = 512;
 /// Upper bound on one chunk's column matrix, in `f32`s (16 MiB), per parallel task.
@@ -61,6 +63,11 @@ impl Geometry {
             dilation,
             out,
         })
+    }
+
+    /// The input's height (axis 0) or width (axis 1).
+    pub(crate) fn input_extent(&self, axis: usize) -> usize {
+        [self.height, self.width][axis]
     }
 
     /// Rows of the column matrix: Ci·kh·kw.
@@ -432,6 +439,15 @@ unsafe fn matmul(
 
 /// Copies `nb` images of `[C, P]` into one `[C, nb·P]` matrix.
 fn gather(images: &[f32], wide: &mut [f32], channels: usize, p: usize, nb: usize) {
+    if p == 1 {
+        // A transpose: one `memcpy` call per float would cost more than the float.
+        for (c, dst) in wide[..channels * nb].chunks_exact_mut(nb).enumerate() {
+            dst.iter_mut()
+                .zip(images[c..].iter().step_by(channels))
+                .for_each(|(d, &v)| *d = v);
+        }
+        return;
+    }
     for b in 0..nb {
         for c in 0..channels {
             wide[c * nb * p + b * p..][..p].copy_from_slice(&images[(b * channels + c) * p..][..p]);
@@ -441,6 +457,16 @@ fn gather(images: &[f32], wide: &mut [f32], channels: usize, p: usize, nb: usize
 
 /// The inverse of [`gather`].
 fn scatter(wide: &[f32], images: &mut [f32], channels: usize, p: usize, nb: usize) {
+    if p == 1 {
+        for (c, src) in wide[..channels * nb].chunks_exact(nb).enumerate() {
+            images[c..]
+                .iter_mut()
+                .step_by(channels)
+                .zip(src)
+                .for_each(|(d, &v)| *d = v);
+        }
+        return;
+    }
     for b in 0..nb {
         for c in 0..channels {
             images[(b * channels + c) * p..][..p].copy_from_slice(&wide[c * nb * p + b * p..][..p]);
@@ -531,6 +557,9 @@ fn for_each_group(
 /// - `x`: `[N, Ci, H, W]`, `weight`: `[Co, Ci, kh, kw]`, `bias`: `[Co]`
 /// - returns `[N, Co, Ho, Wo]`
 pub(crate) fn forward(g: &Geometry, x: &[f32], weight: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
+    if let Some((live_g, live)) = without_dead_taps(g) {
+        return forward(&live_g, x, &live_weight(g, weight, &live), bias);
+    }
     let (k, p) = (g.k(), g.pixels());
     let mut y = vec![0.0f32; g.batch * g.out_image_len()];
     for_each_group(g, &mut y, g.out_image_len(), |y, mut group| {
@@ -575,6 +604,9 @@ pub(crate) fn forward(g: &Geometry, x: &[f32], weight: &[f32], bias: Option<&[f3
 /// - `weight`: `[Co, Ci, kh, kw]`, `dy`: `[N, Co, Ho, Wo]`
 /// - returns `[N, Ci, H, W]`
 pub(crate) fn input_grad(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    if let Some((live_g, live)) = without_dead_taps(g) {
+        return input_grad(&live_g, &live_weight(g, weight, &live), dy);
+    }
     let (k, p) = (g.k(), g.pixels());
     let mut dx = vec![0.0f32; g.batch * g.image_len()];
     for_each_group(g, &mut dx, g.image_len(), |dx, mut group| {
@@ -616,6 +648,9 @@ pub(crate) fn input_grad(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
 /// - `x`: `[N, Ci, H, W]`, `dy`: `[N, Co, Ho, Wo]`
 /// - returns `[Co, Ci, kh, kw]`
 pub(crate) fn weight_grad(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    if let Some((live_g, live)) = without_dead_taps(g) {
+        return full_weight_grad(g, &weight_grad(&live_g, x, dy), &live);
+    }
     let (k, p) = (g.k(), g.pixels());
     let (ranges, parallelism) = g.plan();
     let partials = ranges

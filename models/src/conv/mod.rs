@@ -10,6 +10,7 @@ mod cudnn;
 mod dispatch;
 #[cfg(feature = "cuda")]
 mod layout;
+mod live_taps;
 
 pub use backend::ConvBackend;
 
