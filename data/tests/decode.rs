@@ -189,3 +189,82 @@ fn a_phone_photo_with_a_64_kib_trailer_decodes() {
         assert_bad(&cut, "truncated");
     }
 }
+
+/// The Huffman tables of a file's DHT segments: (class and id byte, the 16 code counts, the
+/// symbols).
+fn huffman_tables(bytes: &[u8]) -> Vec<(u8, Vec<u8>, Vec<u8>)> {
+    let mut tables = Vec::new();
+    let mut i = 2;
+    while i + 4 <= bytes.len() && bytes[i] == 0xFF && bytes[i + 1] != 0xDA {
+        let len = usize::from(bytes[i + 2]) << 8 | usize::from(bytes[i + 3]);
+        if bytes[i + 1] == 0xC4 {
+            let mut segment = &bytes[i + 4..i + 2 + len];
+            while !segment.is_empty() {
+                let counts = segment[1..17].to_vec();
+                let symbols = counts.iter().map(|&c| usize::from(c)).sum::<usize>();
+                tables.push((segment[0], counts, segment[17..17 + symbols].to_vec()));
+                segment = &segment[17 + symbols..];
+            }
+        }
+        i += 2 + len;
+    }
+    tables
+}
+
+/// The decoder keeps the Huffman tables it built last, per thread (vendored zune-jpeg's cache).
+/// Files that each carry their own tables, some with the same code counts and different symbols,
+/// decoded one after another on one thread in several orders, give the pixels a fresh thread
+/// (an empty cache) gives them.
+#[test]
+fn files_with_their_own_huffman_tables_decode_alike_on_a_busy_thread_and_a_fresh_one() {
+    let mut optimized = std::fs::read_dir(common::fixtures().join("huffman"))
+        .expect("fixture folder")
+        .map(|e| e.expect("fixture entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jpg"))
+        .collect::<Vec<_>>();
+    optimized.sort();
+    assert_eq!(optimized.len(), 3, "fixtures missing: {optimized:?}");
+
+    // The fixtures hold what the test needs: tables that agree on their code counts and differ
+    // in their symbols, the case a cache keyed on less than the whole table would get wrong.
+    let tables = optimized
+        .iter()
+        .flat_map(|p| huffman_tables(&std::fs::read(p).expect("fixture")))
+        .collect::<Vec<_>>();
+    assert!(
+        tables.iter().any(|(class, counts, symbols)| tables
+            .iter()
+            .any(|(c, n, s)| c == class && n == counts && s != symbols)),
+        "no two fixture tables share their code counts with different symbols"
+    );
+
+    let files = optimized
+        .into_iter()
+        .chain(common::jpeg_fixtures())
+        .collect::<Vec<_>>();
+    let fresh = files
+        .iter()
+        .map(|path| {
+            let path = path.clone();
+            std::thread::spawn(move || decode_file(&path).expect("decodes"))
+                .join()
+                .expect("decode thread")
+        })
+        .collect::<Vec<_>>();
+    let forward = (0..files.len()).collect::<Vec<_>>();
+    let backward = forward.iter().rev().copied().collect::<Vec<_>>();
+    let interleaved = forward
+        .iter()
+        .map(|i| (i * 5) % files.len())
+        .collect::<Vec<_>>();
+    for order in [forward, backward, interleaved] {
+        for i in order {
+            let image = decode_file(&files[i]).expect("decodes");
+            assert!(
+                image == fresh[i],
+                "{} decodes differently after other files on the same thread",
+                common::file_name(&files[i])
+            );
+        }
+    }
+}

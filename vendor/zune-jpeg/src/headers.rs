@@ -87,7 +87,7 @@ where
         // store
         match dc_or_ac {
             0 => {
-                decoder.dc_huffman_tables[index] = Some(HuffmanTable::new(
+                decoder.dc_huffman_tables[index] = Some(HuffmanTable::new_cached(
                     &num_symbols,
                     symbols,
                     true,
@@ -95,7 +95,7 @@ where
                 )?);
             }
             _ => {
-                decoder.ac_huffman_tables[index] = Some(HuffmanTable::new(
+                decoder.ac_huffman_tables[index] = Some(HuffmanTable::new_cached(
                     &num_symbols,
                     symbols,
                     false,
