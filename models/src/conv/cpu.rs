@@ -644,6 +644,13 @@ pub(crate) fn input_grad(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
 /// Weight gradient: `dW = Σ_chunks dy[Co, cols] · col(x)ᵀ[cols, K]`, one partial per parallel
 /// task, summed at the end.
 ///
+/// Each partial is computed transposed, `dWᵀ[K, Co] += col(x)[K, cols] · dyᵀ[cols, Co]`, and the
+/// sum transposed once. gemm packs the operand it streams along the output's rows into panels;
+/// in the `dW` order that operand is the column matrix, read across its rows (a transposing
+/// copy of the largest operand: as much time as the weight gradient's multiply-adds, 10% of a
+/// ResNet-18 step at 32 px). In the `dWᵀ` order gemm packs `dy` instead, 1/(kh·kw) of the
+/// size, and reads the column matrix where it lies.
+///
 /// # Shapes
 /// - `x`: `[N, Ci, H, W]`, `dy`: `[N, Co, Ho, Wo]`
 /// - returns `[Co, Ci, kh, kw]`
@@ -657,34 +664,51 @@ pub(crate) fn weight_grad(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
         .par_iter()
         .map(|range| {
             let mut group = Group::new(g, range.clone(), parallelism);
-            let mut dw = vec![0.0f32; g.c_out * k];
+            let mut dw_t = vec![0.0f32; k * g.c_out];
             for (i, (start, nb)) in group.chunks().enumerate() {
                 let cols = nb * p;
                 let x = &x[start * g.image_len()..][..nb * g.image_len()];
                 let col = columns(g, x, nb, &mut group.col);
                 let dy = &dy[start * g.out_image_len()..][..nb * g.out_image_len()];
                 let dy = side_by_side(g, dy, nb, &mut group.wide);
-                // SAFETY: dy is [Co, cols]; colᵀ is [cols, K] (col read with swapped strides).
+                // SAFETY: col is [K, cols]; dyᵀ is [cols, Co] (dy read with swapped strides).
                 unsafe {
                     matmul(
-                        [g.c_out, cols, k],
-                        &mut dw,
+                        [k, cols, g.c_out],
+                        &mut dw_t,
                         i > 0,
-                        rows(dy, cols),
-                        transposed(col, cols),
+                        rows(col, cols),
+                        transposed(dy, cols),
                         group.parallelism,
                     );
                 }
             }
-            dw
+            dw_t
         })
         .collect::<Vec<_>>();
     let mut partials = partials.into_iter();
-    let mut dw = partials.next().unwrap_or_else(|| vec![0.0; g.c_out * k]);
+    let mut dw_t = partials.next().unwrap_or_else(|| vec![0.0; k * g.c_out]);
     for partial in partials {
-        dw.iter_mut().zip(partial).for_each(|(a, b)| *a += b);
+        dw_t.iter_mut().zip(partial).for_each(|(a, b)| *a += b);
     }
-    dw
+    transpose(&dw_t, k, g.c_out)
+}
+
+/// `src[rows, cols]` row-major as `[cols, rows]` row-major.
+fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut dst = vec![0.0f32; rows * cols];
+    // Blocks of 16 × 16 keep both sides' lines in the cache.
+    const BLOCK: usize = 16;
+    for r0 in (0..rows).step_by(BLOCK) {
+        for c0 in (0..cols).step_by(BLOCK) {
+            for r in r0..(r0 + BLOCK).min(rows) {
+                for c in c0..(c0 + BLOCK).min(cols) {
+                    dst[c * rows + r] = src[r * cols + c];
+                }
+            }
+        }
+    }
+    dst
 }
 
 /// Bias gradient: `db[c] = Σ_{n, pixels} dy[n, c]`.
