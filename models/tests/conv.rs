@@ -147,6 +147,10 @@ fn cases() -> Vec<Case> {
             ..c(2, 3, 4, [2, 2], 3, 1, 2, true)
         },
         c(2, 3, 4, [1, 1], 5, 2, 3, true),
+        // Fewer columns (images × pixels) than output channels: the weight gradient is not
+        // computed transposed. With every tap live, pointwise and 3×3, and with dead taps above.
+        c(1, 4, 16, [3, 3], 1, 1, 0, true),
+        c(2, 3, 16, [2, 2], 3, 1, 1, false),
     ]
 }
 

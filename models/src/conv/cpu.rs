@@ -14,7 +14,7 @@ use std::cell::Cell;
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-use super::live_taps::{full_weight_grad, live_weight, without_dead_taps};
+use super::live_taps::{full_rows, live_weight, without_dead_taps};
 
 /// Columns (images × output pixels) per GEMM that keep the micro-kernels busy.
 const TARGET_COLS: usize = 512;
@@ -644,71 +644,137 @@ pub(crate) fn input_grad(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
 /// Weight gradient: `dW = Σ_chunks dy[Co, cols] · col(x)ᵀ[cols, K]`, one partial per parallel
 /// task, summed at the end.
 ///
-/// Each partial is computed transposed, `dWᵀ[K, Co] += col(x)[K, cols] · dyᵀ[cols, Co]`, and the
-/// sum transposed once. gemm packs the operand it streams along the output's rows into panels;
-/// in the `dW` order that operand is the column matrix, read across its rows (a transposing
-/// copy of the largest operand: as much time as the weight gradient's multiply-adds, 10% of a
-/// ResNet-18 step at 32 px). In the `dWᵀ` order gemm packs `dy` instead, 1/(kh·kw) of the
-/// size, and reads the column matrix where it lies.
+/// gemm packs the operand it streams along its output's rows into panels. In the `dW` order
+/// that operand is the column matrix, read across its rows: a transposing copy of the largest
+/// operand, as much time as the multiply-adds (10% of a ResNet-18 step at 32 px). So where the
+/// columns (images × pixels) outnumber the output channels, each partial is computed
+/// transposed, `dWᵀ[K, Co] += col(x)[K, cols] · dyᵀ[cols, Co]`: gemm then packs `dy`, and
+/// the sum is transposed once, a pass over `dW`. Where they do not (a 1×1-pixel last stage),
+/// the column matrix is smaller than `dW`, and packing it costs less than that pass.
 ///
 /// # Shapes
 /// - `x`: `[N, Ci, H, W]`, `dy`: `[N, Co, Ho, Wo]`
 /// - returns `[Co, Ci, kh, kw]`
 pub(crate) fn weight_grad(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
-    if let Some((live_g, live)) = without_dead_taps(g) {
-        return full_weight_grad(g, &weight_grad(&live_g, x, dy), &live);
-    }
+    let (live_g, full_rows) = match without_dead_taps(g) {
+        Some((live_g, live)) => (live_g, Some(full_rows(g, &live))),
+        None => (*g, None),
+    };
+    let order = if live_g.batch * live_g.pixels() >= live_g.c_out {
+        Order::Transposed
+    } else {
+        Order::Direct
+    };
+    let partials = weight_grad_partials(&live_g, x, dy, order);
+    combine_partials(partials, g, full_rows.as_deref(), order)
+}
+
+/// How [`weight_grad_partials`] lays out each partial: `[Co, K]` or `[K, Co]`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Order {
+    Direct,
+    Transposed,
+}
+
+/// One partial weight gradient per parallel group, in `order`.
+fn weight_grad_partials(g: &Geometry, x: &[f32], dy: &[f32], order: Order) -> Vec<Vec<f32>> {
     let (k, p) = (g.k(), g.pixels());
     let (ranges, parallelism) = g.plan();
-    let partials = ranges
+    ranges
         .par_iter()
         .map(|range| {
             let mut group = Group::new(g, range.clone(), parallelism);
-            let mut dw_t = vec![0.0f32; k * g.c_out];
+            let mut dw = vec![0.0f32; k * g.c_out];
             for (i, (start, nb)) in group.chunks().enumerate() {
                 let cols = nb * p;
                 let x = &x[start * g.image_len()..][..nb * g.image_len()];
                 let col = columns(g, x, nb, &mut group.col);
                 let dy = &dy[start * g.out_image_len()..][..nb * g.out_image_len()];
                 let dy = side_by_side(g, dy, nb, &mut group.wide);
-                // SAFETY: col is [K, cols]; dyᵀ is [cols, Co] (dy read with swapped strides).
+                // SAFETY: col is [K, cols] and dy [Co, cols]; colᵀ and dyᵀ read them with
+                // swapped strides.
                 unsafe {
-                    matmul(
-                        [k, cols, g.c_out],
-                        &mut dw_t,
-                        i > 0,
-                        rows(col, cols),
-                        transposed(dy, cols),
-                        group.parallelism,
-                    );
+                    match order {
+                        Order::Transposed => matmul(
+                            [k, cols, g.c_out],
+                            &mut dw,
+                            i > 0,
+                            rows(col, cols),
+                            transposed(dy, cols),
+                            group.parallelism,
+                        ),
+                        Order::Direct => matmul(
+                            [g.c_out, cols, k],
+                            &mut dw,
+                            i > 0,
+                            rows(dy, cols),
+                            transposed(col, cols),
+                            group.parallelism,
+                        ),
+                    }
                 }
             }
-            dw_t
+            dw
         })
-        .collect::<Vec<_>>();
-    let mut partials = partials.into_iter();
-    let mut dw_t = partials.next().unwrap_or_else(|| vec![0.0; k * g.c_out]);
-    for partial in partials {
-        dw_t.iter_mut().zip(partial).for_each(|(a, b)| *a += b);
-    }
-    transpose(&dw_t, k, g.c_out)
+        .collect()
 }
 
-/// `src[rows, cols]` row-major as `[cols, rows]` row-major.
-fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut dst = vec![0.0f32; rows * cols];
-    // Blocks of 16 × 16 keep both sides' lines in the cache.
-    const BLOCK: usize = 16;
-    for r0 in (0..rows).step_by(BLOCK) {
-        for c0 in (0..cols).step_by(BLOCK) {
-            for r in r0..(r0 + BLOCK).min(rows) {
-                for c in c0..(c0 + BLOCK).min(cols) {
-                    dst[c * rows + r] = src[r * cols + c];
+/// `dW[Co, Ci·kh·kw]` from the groups' partials, summed (and transposed) in one pass over them.
+/// With `full_rows` the partials are a live convolution's ([`without_dead_taps`]): their row `r`
+/// of K goes to the full kernel's row `full_rows[r]`, and the dead taps stay zero.
+fn combine_partials(
+    mut partials: Vec<Vec<f32>>,
+    g: &Geometry,
+    full_rows: Option<&[usize]>,
+    order: Order,
+) -> Vec<f32> {
+    let k_full = g.k();
+    let c_out = g.c_out;
+    let k = partials.first().map_or(0, |p| p.len() / c_out.max(1));
+    if order == Order::Direct && full_rows.is_none() {
+        // Already [Co, K]: sum into the first partial.
+        let mut rest = partials.split_off(1.min(partials.len()));
+        let mut dw = partials.pop().unwrap_or_else(|| vec![0.0; c_out * k_full]);
+        for partial in rest.drain(..) {
+            dw.iter_mut().zip(partial).for_each(|(a, b)| *a += b);
+        }
+        return dw;
+    }
+    let mut dw = vec![0.0f32; c_out * k_full];
+    let full_row = |r: usize| full_rows.map_or(r, |rows| rows[r]);
+    match order {
+        Order::Direct => {
+            for (c, dst) in dw.chunks_exact_mut(k_full).enumerate() {
+                for r in 0..k {
+                    dst[full_row(r)] = partials.iter().map(|p| p[c * k + r]).sum();
+                }
+            }
+        }
+        Order::Transposed => {
+            // Blocks of 16 × 16 keep the lines of both sides in the cache.
+            const BLOCK: usize = 16;
+            for r0 in (0..k).step_by(BLOCK) {
+                for c0 in (0..c_out).step_by(BLOCK) {
+                    let width = BLOCK.min(c_out - c0);
+                    for r in r0..(r0 + BLOCK).min(k) {
+                        // Summed from zero, not copied from the first partial: a 16-float
+                        // copy is a `memcpy` call.
+                        let mut sums = [0.0f32; BLOCK];
+                        let sums = &mut sums[..width];
+                        for partial in &partials {
+                            let row = &partial[r * c_out + c0..][..width];
+                            sums.iter_mut().zip(row).for_each(|(s, v)| *s += v);
+                        }
+                        let dst_row = full_row(r);
+                        for (c, &v) in (c0..).zip(sums.iter()) {
+                            dw[c * k_full + dst_row] = v;
+                        }
+                    }
                 }
             }
         }
     }
-    dst
+    dw
 }
 
 /// Bias gradient: `db[c] = Σ_{n, pixels} dy[n, c]`.

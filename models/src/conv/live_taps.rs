@@ -80,18 +80,15 @@ pub(crate) fn live_weight(g: &Geometry, weight: &[f32], live: &LiveTaps) -> Vec<
     out
 }
 
-/// The inverse of [`live_weight`] for a gradient: the full `[Co, Ci, kh, kw]` with zeros at the
-/// dead taps.
-pub(crate) fn full_weight_grad(g: &Geometry, live_grad: &[f32], live: &LiveTaps) -> Vec<f32> {
+/// For each row of the live column matrix (`Ci × live taps`), its row in the full one
+/// (`Ci·kh·kw`): where the weight gradient of the live convolution goes in the full gradient,
+/// whose other (dead) taps are zero.
+pub(crate) fn full_rows(g: &Geometry, live: &LiveTaps) -> Vec<usize> {
     let taps = tap_offsets(g, live);
-    let mut out = vec![0.0f32; g.c_out * g.c_in * g.kernel[0] * g.kernel[1]];
-    let filters = out.chunks_exact_mut(g.kernel[0] * g.kernel[1]);
-    for (filter, src) in filters.zip(live_grad.chunks_exact(taps.len())) {
-        for (&t, &v) in taps.iter().zip(src) {
-            filter[t] = v;
-        }
-    }
-    out
+    let per_channel = g.kernel[0] * g.kernel[1];
+    (0..g.c_in)
+        .flat_map(|c| taps.iter().map(move |&t| c * per_channel + t))
+        .collect()
 }
 
 #[cfg(test)]
@@ -162,7 +159,7 @@ mod tests {
     }
 
     #[test]
-    fn the_weight_round_trips_through_its_live_taps() {
+    fn the_live_weight_and_its_rows_in_the_full_kernel_agree() {
         let g = geometry([2, 2], 3, 2, 1, 1);
         let (_, live) = without_dead_taps(&g).expect("dead taps");
         let weight: Vec<f32> = (0..4 * 3 * 9).map(|i| i as f32).collect();
@@ -170,11 +167,12 @@ mod tests {
         assert_eq!(kept.len(), 4 * 3 * 4);
         // Filter 0's taps (1,1), (1,2), (2,1), (2,2) of its 3×3: offsets 4, 5, 7, 8.
         assert_eq!(&kept[..4], &[4.0, 5.0, 7.0, 8.0]);
-        let full = full_weight_grad(&g, &kept, &live);
-        for (i, (&got, &w)) in full.iter().zip(&weight).enumerate() {
-            let tap = i % 9;
-            let want = if [4, 5, 7, 8].contains(&tap) { w } else { 0.0 };
-            assert_eq!(got, want, "element {i}");
+        let rows = full_rows(&g, &live);
+        assert_eq!(&rows[..8], &[4, 5, 7, 8, 13, 14, 16, 17]);
+        // Row r of the live kernel is row rows[r] of the full one, for every filter.
+        for (i, &w) in kept.iter().enumerate() {
+            let (filter, r) = (i / rows.len(), i % rows.len());
+            assert_eq!(w, weight[filter * 3 * 9 + rows[r]], "element {i}");
         }
     }
 }
