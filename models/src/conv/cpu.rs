@@ -742,23 +742,26 @@ fn combine_partials(
     }
     let mut dw = vec![0.0f32; c_out * k_full];
     let full_row = |r: usize| full_rows.map_or(r, |rows| rows[r]);
-    match order {
-        Order::Direct => {
-            for (c, dst) in dw.chunks_exact_mut(k_full).enumerate() {
-                for r in 0..k {
-                    dst[full_row(r)] = partials.iter().map(|p| p[c * k + r]).sum();
+    // Blocks of 16 output channels (rows of dW) in parallel: the sum is a pass over every
+    // partial, as much memory traffic as the GEMMs' output.
+    const BLOCK: usize = 16;
+    dw.par_chunks_mut(BLOCK * k_full)
+        .enumerate()
+        .for_each(|(block, dst)| {
+            let c0 = block * BLOCK;
+            let width = dst.len() / k_full;
+            match order {
+                Order::Direct => {
+                    for (c, dst) in (c0..).zip(dst.chunks_exact_mut(k_full)) {
+                        for r in 0..k {
+                            dst[full_row(r)] = partials.iter().map(|p| p[c * k + r]).sum();
+                        }
+                    }
                 }
-            }
-        }
-        Order::Transposed => {
-            // Blocks of 16 × 16 keep the lines of both sides in the cache.
-            const BLOCK: usize = 16;
-            for r0 in (0..k).step_by(BLOCK) {
-                for c0 in (0..c_out).step_by(BLOCK) {
-                    let width = BLOCK.min(c_out - c0);
-                    for r in r0..(r0 + BLOCK).min(k) {
-                        // Summed from zero, not copied from the first partial: a 16-float
-                        // copy is a `memcpy` call.
+                Order::Transposed => {
+                    for r in 0..k {
+                        // Summed from zero, not copied from the first partial: a 16-float copy
+                        // is a `memcpy` call.
                         let mut sums = [0.0f32; BLOCK];
                         let sums = &mut sums[..width];
                         for partial in &partials {
@@ -766,14 +769,13 @@ fn combine_partials(
                             sums.iter_mut().zip(row).for_each(|(s, v)| *s += v);
                         }
                         let dst_row = full_row(r);
-                        for (c, &v) in (c0..).zip(sums.iter()) {
-                            dw[c * k_full + dst_row] = v;
+                        for (i, &v) in sums.iter().enumerate() {
+                            dst[i * k_full + dst_row] = v;
                         }
                     }
                 }
             }
-        }
-    }
+        });
     dw
 }
 
