@@ -14,7 +14,7 @@ use std::cell::Cell;
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-use super::live_taps::{full_rows, live_weight, without_dead_taps};
+use super::live_taps::{LiveTaps, full_rows, live_weight, without_dead_taps};
 
 /// Columns (images × output pixels) per GEMM that keep the micro-kernels busy.
 const TARGET_COLS: usize = 512;
@@ -437,6 +437,78 @@ unsafe fn matmul(
     }
 }
 
+/// A convolution's weight as the `[Co, K]` matrix the GEMMs read: element `(o, j)` at
+/// `data[o·row_stride + j·col_stride]`.
+#[derive(Clone, Copy)]
+struct WeightMatrix<'a> {
+    data: &'a [f32],
+    row_stride: usize,
+    col_stride: usize,
+}
+
+impl<'a> WeightMatrix<'a> {
+    /// `[Co, Ci, kh, kw]` as stored: `[Co, K]` row-major.
+    fn dense(data: &'a [f32], g: &Geometry) -> Self {
+        Self::strided(data, [g.c_out, g.k()], g.k(), 1)
+    }
+
+    /// Panics unless every element of the `[rows, cols]` matrix lies inside `data`: the GEMMs
+    /// read it through raw pointers.
+    fn strided(
+        data: &'a [f32],
+        [rows, cols]: [usize; 2],
+        row_stride: usize,
+        col_stride: usize,
+    ) -> Self {
+        let last = (rows.max(1) - 1) * row_stride + (cols.max(1) - 1) * col_stride;
+        assert!(
+            rows == 0 || cols == 0 || last < data.len(),
+            "conv weight: a {rows}×{cols} matrix with strides ({row_stride}, {col_stride}) \
+             does not fit in {} values",
+            data.len()
+        );
+        Self {
+            data,
+            row_stride,
+            col_stride,
+        }
+    }
+
+    fn as_rows(&self) -> Mat<*const f32> {
+        Mat {
+            ptr: self.data.as_ptr(),
+            rs: self.row_stride as isize,
+            cs: self.col_stride as isize,
+        }
+    }
+
+    fn as_transposed(&self) -> Mat<*const f32> {
+        Mat {
+            ptr: self.data.as_ptr(),
+            rs: self.col_stride as isize,
+            cs: self.row_stride as isize,
+        }
+    }
+}
+
+/// The live convolution's `[Co, Ci]` weight read in place, when a single tap is live (ResNet's
+/// 3×3 convs over 1×1 pixel): every `kh·kw`-th value of the weight from the tap on. Gathering
+/// it into a dense copy first read the same cache lines and wrote the copy, twice a step.
+fn single_tap<'a>(g: &Geometry, weight: &'a [f32], live: &LiveTaps) -> Option<WeightMatrix<'a>> {
+    if live[0].len() != 1 || live[1].len() != 1 {
+        return None;
+    }
+    let per_channel = g.kernel[0] * g.kernel[1];
+    let tap = live[0].start * g.kernel[1] + live[1].start;
+    let from_tap = weight.get(tap..)?;
+    Some(WeightMatrix::strided(
+        from_tap,
+        [g.c_out, g.c_in],
+        g.k(),
+        per_channel,
+    ))
+}
+
 /// Copies `nb` images of `[C, P]` into one `[C, nb·P]` matrix.
 fn gather(images: &[f32], wide: &mut [f32], channels: usize, p: usize, nb: usize) {
     if p == 1 {
@@ -557,9 +629,19 @@ fn for_each_group(
 /// - `x`: `[N, Ci, H, W]`, `weight`: `[Co, Ci, kh, kw]`, `bias`: `[Co]`
 /// - returns `[N, Co, Ho, Wo]`
 pub(crate) fn forward(g: &Geometry, x: &[f32], weight: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
-    if let Some((live_g, live)) = without_dead_taps(g) {
-        return forward(&live_g, x, &live_weight(g, weight, &live), bias);
+    match without_dead_taps(g) {
+        Some((live_g, live)) => match single_tap(g, weight, &live) {
+            Some(w) => forward_with(&live_g, x, w, bias),
+            None => {
+                let copied = live_weight(g, weight, &live);
+                forward_with(&live_g, x, WeightMatrix::dense(&copied, &live_g), bias)
+            }
+        },
+        None => forward_with(g, x, WeightMatrix::dense(weight, g), bias),
     }
+}
+
+fn forward_with(g: &Geometry, x: &[f32], weight: WeightMatrix, bias: Option<&[f32]>) -> Vec<f32> {
     let (k, p) = (g.k(), g.pixels());
     let mut y = vec![0.0f32; g.batch * g.out_image_len()];
     for_each_group(g, &mut y, g.out_image_len(), |y, mut group| {
@@ -574,13 +656,14 @@ pub(crate) fn forward(g: &Geometry, x: &[f32], weight: &[f32], bias: Option<&[f3
             } else {
                 &mut group.wide[..g.c_out * cols]
             };
-            // SAFETY: weight is [Co, K] and col [K, cols], both inside their slices.
+            // SAFETY: weight is [Co, K] (checked by WeightMatrix) and col [K, cols], both inside
+            // their slices.
             unsafe {
                 matmul(
                     [g.c_out, k, cols],
                     dst,
                     false,
-                    rows(weight, k),
+                    weight.as_rows(),
                     rows(col, cols),
                     group.parallelism,
                 );
@@ -604,9 +687,19 @@ pub(crate) fn forward(g: &Geometry, x: &[f32], weight: &[f32], bias: Option<&[f3
 /// - `weight`: `[Co, Ci, kh, kw]`, `dy`: `[N, Co, Ho, Wo]`
 /// - returns `[N, Ci, H, W]`
 pub(crate) fn input_grad(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
-    if let Some((live_g, live)) = without_dead_taps(g) {
-        return input_grad(&live_g, &live_weight(g, weight, &live), dy);
+    match without_dead_taps(g) {
+        Some((live_g, live)) => match single_tap(g, weight, &live) {
+            Some(w) => input_grad_with(&live_g, w, dy),
+            None => {
+                let copied = live_weight(g, weight, &live);
+                input_grad_with(&live_g, WeightMatrix::dense(&copied, &live_g), dy)
+            }
+        },
+        None => input_grad_with(g, WeightMatrix::dense(weight, g), dy),
     }
+}
+
+fn input_grad_with(g: &Geometry, weight: WeightMatrix, dy: &[f32]) -> Vec<f32> {
     let (k, p) = (g.k(), g.pixels());
     let mut dx = vec![0.0f32; g.batch * g.image_len()];
     for_each_group(g, &mut dx, g.image_len(), |dx, mut group| {
@@ -622,13 +715,14 @@ pub(crate) fn input_grad(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
             } else {
                 &mut group.col[..k * cols]
             };
-            // SAFETY: Wᵀ is [K, Co] (weight read with swapped strides), dy [Co, cols].
+            // SAFETY: Wᵀ is [K, Co] (weight read with swapped strides, checked by
+            // WeightMatrix), dy [Co, cols].
             unsafe {
                 matmul(
                     [k, g.c_out, cols],
                     dst,
                     false,
-                    transposed(weight, k),
+                    weight.as_transposed(),
                     rows(dy, cols),
                     group.parallelism,
                 );
