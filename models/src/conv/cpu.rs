@@ -15,6 +15,7 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 use super::live_taps::{LiveTaps, full_rows, live_weight, without_dead_taps};
+use super::narrow;
 
 /// Columns (images × output pixels) per GEMM that keep the micro-kernels busy.
 const TARGET_COLS: usize = 512;
@@ -71,16 +72,16 @@ impl Geometry {
     }
 
     /// Rows of the column matrix: Ci·kh·kw.
-    fn k(&self) -> usize {
+    pub(crate) fn k(&self) -> usize {
         self.c_in * self.kernel[0] * self.kernel[1]
     }
 
     /// Output pixels per image.
-    fn pixels(&self) -> usize {
+    pub(crate) fn pixels(&self) -> usize {
         self.out[0] * self.out[1]
     }
 
-    fn image_len(&self) -> usize {
+    pub(crate) fn image_len(&self) -> usize {
         self.c_in * self.height * self.width
     }
 
@@ -190,46 +191,10 @@ impl Drop for Scratch {
     }
 }
 
-/// Below this output width, [`im2col`] and [`col2im`] go pixel by pixel through a table of input
-/// offsets ([`tap_offsets`]): a row of a few floats costs more in bounds arithmetic than in copying
-/// (ResNet at 32 px has rows of 8, 4, 2 and 1 pixels).
-const NARROW: usize = 16;
-
-/// Marks an output pixel whose input falls in the padding.
-const PADDED: u32 = u32::MAX;
-
-/// For each kernel tap `(ki, kj)` (row-major) and output pixel: the offset of its input pixel
-/// within an `H×W` plane, or [`PADDED`].
-fn tap_offsets(g: &Geometry) -> Vec<u32> {
-    let [kh, kw] = g.kernel;
-    let [ho, wo] = g.out;
-    let mut taps = Vec::with_capacity(kh * kw * ho * wo);
-    for ki in 0..kh {
-        for kj in 0..kw {
-            for oy in 0..ho {
-                for ox in 0..wo {
-                    let iy =
-                        (oy * g.stride[0] + ki * g.dilation[0]) as isize - g.padding[0] as isize;
-                    let ix =
-                        (ox * g.stride[1] + kj * g.dilation[1]) as isize - g.padding[1] as isize;
-                    let inside =
-                        (0..g.height as isize).contains(&iy) && (0..g.width as isize).contains(&ix);
-                    taps.push(if inside {
-                        (iy as usize * g.width + ix as usize) as u32
-                    } else {
-                        PADDED
-                    });
-                }
-            }
-        }
-    }
-    taps
-}
-
 /// Writes the column matrix of images `x` (`nb` images) into `col` laid out `[K, nb·P]`.
 fn im2col(g: &Geometry, x: &[f32], nb: usize, col: &mut [f32]) {
-    if g.out[1] < NARROW {
-        return im2col_narrow(g, x, nb, col);
+    if g.out[1] < narrow::NARROW {
+        return narrow::im2col(g, x, nb, col);
     }
     let [kh, kw] = g.kernel;
     let [ho, wo] = g.out;
@@ -272,47 +237,8 @@ fn im2col(g: &Geometry, x: &[f32], nb: usize, col: &mut [f32]) {
     }
 }
 
-/// [`im2col`] through the offset table: one gather per output pixel.
-fn im2col_narrow(g: &Geometry, x: &[f32], nb: usize, col: &mut [f32]) {
-    let taps = tap_offsets(g);
-    let (p, plane_len) = (g.pixels(), g.height * g.width);
-    let cols = nb * p;
-    let per_channel = g.kernel[0] * g.kernel[1];
-    for (row, dst_row) in col[..g.k() * cols].chunks_exact_mut(cols).enumerate() {
-        let (c, tap) = (row / per_channel, row % per_channel);
-        let offsets = &taps[tap * p..(tap + 1) * p];
-        for (b, dst) in dst_row.chunks_exact_mut(p).enumerate() {
-            let plane = &x[b * g.image_len() + c * plane_len..][..plane_len];
-            for (d, &o) in dst.iter_mut().zip(offsets) {
-                // PADDED is past any plane, so `get` gives the zero padding.
-                *d = plane.get(o as usize).copied().unwrap_or(0.0);
-            }
-        }
-    }
-}
-
-/// [`col2im`] through the offset table.
-fn col2im_narrow(g: &Geometry, col: &[f32], nb: usize, dx: &mut [f32]) {
-    let taps = tap_offsets(g);
-    let (p, plane_len) = (g.pixels(), g.height * g.width);
-    let cols = nb * p;
-    let per_channel = g.kernel[0] * g.kernel[1];
-    for (row, src_row) in col[..g.k() * cols].chunks_exact(cols).enumerate() {
-        let (c, tap) = (row / per_channel, row % per_channel);
-        let offsets = &taps[tap * p..(tap + 1) * p];
-        for (b, src) in src_row.chunks_exact(p).enumerate() {
-            let plane = &mut dx[b * g.image_len() + c * plane_len..][..plane_len];
-            for (&v, &o) in src.iter().zip(offsets) {
-                if let Some(d) = plane.get_mut(o as usize) {
-                    *d += v;
-                }
-            }
-        }
-    }
-}
-
 /// The output columns `lo..hi` whose input column `x0 + ox·stride` lies inside `0..width`.
-fn valid_range(x0: isize, stride: usize, width: usize, out: usize) -> (usize, usize) {
+pub(super) fn valid_range(x0: isize, stride: usize, width: usize, out: usize) -> (usize, usize) {
     let s = stride as isize;
     let lo = if x0 >= 0 {
         0
@@ -328,8 +254,8 @@ fn valid_range(x0: isize, stride: usize, width: usize, out: usize) -> (usize, us
 /// Adds the column matrix `col` (`[K, nb·P]`) back into the images `dx` (`nb` images, zeroed by
 /// the caller): the adjoint of [`im2col`].
 fn col2im(g: &Geometry, col: &[f32], nb: usize, dx: &mut [f32]) {
-    if g.out[1] < NARROW {
-        return col2im_narrow(g, col, nb, dx);
+    if g.out[1] < narrow::NARROW {
+        return narrow::col2im(g, col, nb, dx);
     }
     let [kh, kw] = g.kernel;
     let [ho, wo] = g.out;

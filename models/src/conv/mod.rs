@@ -11,6 +11,7 @@ mod dispatch;
 #[cfg(feature = "cuda")]
 mod layout;
 mod live_taps;
+mod narrow;
 
 pub use backend::ConvBackend;
 
