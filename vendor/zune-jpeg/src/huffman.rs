@@ -304,6 +304,7 @@ impl HuffmanTable {
 #[cfg(feature = "std")]
 mod cache {
     //! Not upstream: the per-thread cache behind [`HuffmanTable::new_cached`].
+    use std::boxed::Box;
     use std::cell::RefCell;
     use std::vec::Vec;
 
@@ -323,7 +324,9 @@ mod cache {
     }
 
     std::thread_local! {
-        static TABLES: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
+        // Boxed: an entry holds a 16 KiB table, and keeping the most recent first moves
+        // entries on every hit; a box moves as a pointer.
+        static TABLES: RefCell<Vec<Box<Entry>>> = const { RefCell::new(Vec::new()) };
     }
 
     pub(super) fn get_or_build(
@@ -352,13 +355,13 @@ mod cache {
             tables.truncate(ENTRIES - 1);
             tables.insert(
                 0,
-                Entry {
+                Box::new(Entry {
                     codes: *codes,
                     values,
                     is_dc,
                     is_progressive,
                     table: table.clone()
-                }
+                })
             );
         });
         Ok(table)
