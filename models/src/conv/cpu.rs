@@ -9,12 +9,13 @@
 //!
 //! Groups = 1 only (the caller falls back to Burn's op otherwise); any stride, padding, dilation.
 
+use std::borrow::Cow;
 use std::cell::Cell;
 
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-use super::live_taps::{LiveTaps, full_rows, live_weight, without_dead_taps};
+use super::live_taps::{full_rows, live_weight, without_dead_taps};
 use super::narrow;
 
 /// Columns (images × output pixels) per GEMM that keep the micro-kernels busy.
@@ -365,23 +366,22 @@ unsafe fn matmul(
 
 /// A convolution's weight as the `[Co, K]` matrix the GEMMs read: element `(o, j)` at
 /// `data[o·row_stride + j·col_stride]`.
-#[derive(Clone, Copy)]
 struct WeightMatrix<'a> {
-    data: &'a [f32],
+    data: Cow<'a, [f32]>,
     row_stride: usize,
     col_stride: usize,
 }
 
 impl<'a> WeightMatrix<'a> {
     /// `[Co, Ci, kh, kw]` as stored: `[Co, K]` row-major.
-    fn dense(data: &'a [f32], g: &Geometry) -> Self {
-        Self::strided(data, [g.c_out, g.k()], g.k(), 1)
+    fn dense(data: impl Into<Cow<'a, [f32]>>, g: &Geometry) -> Self {
+        Self::strided(data.into(), [g.c_out, g.k()], g.k(), 1)
     }
 
     /// Panics unless every element of the `[rows, cols]` matrix lies inside `data`: the GEMMs
     /// read it through raw pointers.
     fn strided(
-        data: &'a [f32],
+        data: Cow<'a, [f32]>,
         [rows, cols]: [usize; 2],
         row_stride: usize,
         col_stride: usize,
@@ -417,22 +417,24 @@ impl<'a> WeightMatrix<'a> {
     }
 }
 
-/// The live convolution's `[Co, Ci]` weight read in place, when a single tap is live (ResNet's
-/// 3×3 convs over 1×1 pixel): every `kh·kw`-th value of the weight from the tap on. Gathering
-/// it into a dense copy first read the same cache lines and wrote the copy, twice a step.
-fn single_tap<'a>(g: &Geometry, weight: &'a [f32], live: &LiveTaps) -> Option<WeightMatrix<'a>> {
-    if live[0].len() != 1 || live[1].len() != 1 {
-        return None;
+/// The convolution the GEMMs run ([`without_dead_taps`]) and its weight matrix. A single live
+/// tap's `[Co, Ci]` weight is read in place (ResNet's 3×3 convs over 1×1 pixel: every
+/// `kh·kw`-th value from the tap on): gathering it into a copy read the same cache lines and
+/// wrote the copy, twice a step. Several live taps are gathered.
+fn live_conv<'a>(g: &Geometry, weight: &'a [f32]) -> (Geometry, WeightMatrix<'a>) {
+    let Some((live_g, live)) = without_dead_taps(g) else {
+        return (*g, WeightMatrix::dense(weight, g));
+    };
+    if live[0].len() == 1 && live[1].len() == 1 {
+        let tap = live[0].start * g.kernel[1] + live[1].start;
+        let per_channel = g.kernel[0] * g.kernel[1];
+        let from_tap = Cow::Borrowed(&weight[tap.min(weight.len())..]);
+        let w = WeightMatrix::strided(from_tap, [g.c_out, g.c_in], g.k(), per_channel);
+        return (live_g, w);
     }
-    let per_channel = g.kernel[0] * g.kernel[1];
-    let tap = live[0].start * g.kernel[1] + live[1].start;
-    let from_tap = weight.get(tap..)?;
-    Some(WeightMatrix::strided(
-        from_tap,
-        [g.c_out, g.c_in],
-        g.k(),
-        per_channel,
-    ))
+    let copied = live_weight(g, weight, &live);
+    let w = WeightMatrix::dense(copied, &live_g);
+    (live_g, w)
 }
 
 /// Copies `nb` images of `[C, P]` into one `[C, nb·P]` matrix.
@@ -555,19 +557,8 @@ fn for_each_group(
 /// - `x`: `[N, Ci, H, W]`, `weight`: `[Co, Ci, kh, kw]`, `bias`: `[Co]`
 /// - returns `[N, Co, Ho, Wo]`
 pub(crate) fn forward(g: &Geometry, x: &[f32], weight: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
-    match without_dead_taps(g) {
-        Some((live_g, live)) => match single_tap(g, weight, &live) {
-            Some(w) => forward_with(&live_g, x, w, bias),
-            None => {
-                let copied = live_weight(g, weight, &live);
-                forward_with(&live_g, x, WeightMatrix::dense(&copied, &live_g), bias)
-            }
-        },
-        None => forward_with(g, x, WeightMatrix::dense(weight, g), bias),
-    }
-}
-
-fn forward_with(g: &Geometry, x: &[f32], weight: WeightMatrix, bias: Option<&[f32]>) -> Vec<f32> {
+    let (g, weight) = live_conv(g, weight);
+    let g = &g;
     let (k, p) = (g.k(), g.pixels());
     let mut y = vec![0.0f32; g.batch * g.out_image_len()];
     for_each_group(g, &mut y, g.out_image_len(), |y, mut group| {
@@ -613,19 +604,8 @@ fn forward_with(g: &Geometry, x: &[f32], weight: WeightMatrix, bias: Option<&[f3
 /// - `weight`: `[Co, Ci, kh, kw]`, `dy`: `[N, Co, Ho, Wo]`
 /// - returns `[N, Ci, H, W]`
 pub(crate) fn input_grad(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
-    match without_dead_taps(g) {
-        Some((live_g, live)) => match single_tap(g, weight, &live) {
-            Some(w) => input_grad_with(&live_g, w, dy),
-            None => {
-                let copied = live_weight(g, weight, &live);
-                input_grad_with(&live_g, WeightMatrix::dense(&copied, &live_g), dy)
-            }
-        },
-        None => input_grad_with(g, WeightMatrix::dense(weight, g), dy),
-    }
-}
-
-fn input_grad_with(g: &Geometry, weight: WeightMatrix, dy: &[f32]) -> Vec<f32> {
+    let (g, weight) = live_conv(g, weight);
+    let g = &g;
     let (k, p) = (g.k(), g.pixels());
     let mut dx = vec![0.0f32; g.batch * g.image_len()];
     for_each_group(g, &mut dx, g.image_len(), |dx, mut group| {
@@ -743,19 +723,19 @@ fn weight_grad_partials(g: &Geometry, x: &[f32], dy: &[f32], order: Order) -> Ve
 /// With `full_rows` the partials are a live convolution's ([`without_dead_taps`]): their row `r`
 /// of K goes to the full kernel's row `full_rows[r]`, and the dead taps stay zero.
 fn combine_partials(
-    mut partials: Vec<Vec<f32>>,
+    partials: Vec<Vec<f32>>,
     g: &Geometry,
     full_rows: Option<&[usize]>,
     order: Order,
 ) -> Vec<f32> {
-    let k_full = g.k();
-    let c_out = g.c_out;
-    let k = partials.first().map_or(0, |p| p.len() / c_out.max(1));
+    let (k_full, c_out) = (g.k(), g.c_out);
+    // The partials' K: the live kernel's rows, or the full kernel's.
+    let k = full_rows.map_or(k_full, <[usize]>::len);
     if order == Order::Direct && full_rows.is_none() {
         // Already [Co, K]: sum into the first partial.
-        let mut rest = partials.split_off(1.min(partials.len()));
-        let mut dw = partials.pop().unwrap_or_else(|| vec![0.0; c_out * k_full]);
-        for partial in rest.drain(..) {
+        let mut partials = partials.into_iter();
+        let mut dw = partials.next().unwrap_or_else(|| vec![0.0; c_out * k_full]);
+        for partial in partials {
             dw.iter_mut().zip(partial).for_each(|(a, b)| *a += b);
         }
         return dw;
