@@ -224,6 +224,23 @@ mod avx512 {
         let cols = nb * p;
         let col = &col[..g.k() * cols];
         let dx = &mut dx[..nb * g.image_len()];
+        // For each kernel column: the offset x0 (input x = output x + x0) and the lanes of the
+        // input columns x0 + lo .. x0 + hi that output columns lo..hi reach (none: no lanes).
+        let taps_x = (0..kw)
+            .map(|kj| {
+                let x0 = x_offset(g, kj);
+                let (lo, hi) = valid_range(x0, 1, g.width, wo);
+                let input_x = |ox: usize| (x0 + ox as isize) as usize;
+                (
+                    x0,
+                    if lo < hi {
+                        lanes(input_x(lo), input_x(hi))
+                    } else {
+                        0
+                    },
+                )
+            })
+            .collect::<Vec<_>>();
         for b in 0..nb {
             for c in 0..g.c_in {
                 let plane = b * g.image_len() + c * plane_len;
@@ -233,20 +250,16 @@ mod avx512 {
                         let Some(oy) = output_row(g, iy, ki) else {
                             continue;
                         };
-                        for kj in 0..kw {
-                            let x0 = x_offset(g, kj);
-                            // Input columns x0 .. x0 + Wo, within the row.
-                            let lo = x0.max(0) as usize;
-                            let hi = (x0 + wo as isize).clamp(0, g.width as isize) as usize;
-                            if lo >= hi {
+                        for (kj, &(x0, in_mask)) in taps_x.iter().enumerate() {
+                            if in_mask == 0 {
                                 continue;
                             }
                             let row = (c * kh + ki) * kw + kj;
                             let out_row = &col[row * cols + b * p + oy * wo..][..wo];
                             let src = out_row.as_ptr().wrapping_offset(-x0);
-                            // SAFETY: lane ix (lo <= ix < hi) reads out_row[ix − x0], with
+                            // SAFETY: lane ix in `in_mask` reads out_row[ix − x0], with
                             // 0 <= ix − x0 < Wo; the other lanes read nothing.
-                            let v = unsafe { _mm512_maskz_loadu_ps(lanes(lo, hi), src) };
+                            let v = unsafe { _mm512_maskz_loadu_ps(in_mask, src) };
                             acc = _mm512_add_ps(acc, v);
                         }
                     }
