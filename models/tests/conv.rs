@@ -151,6 +151,13 @@ fn cases() -> Vec<Case> {
         // computed transposed. With every tap live, pointwise and 3×3, and with dead taps above.
         c(1, 4, 16, [3, 3], 1, 1, 0, true),
         c(2, 3, 16, [2, 2], 3, 1, 1, false),
+        // Stride-1 3×3 convs with 16 channels and more, and 128 tiles of 2×2 output pixels per
+        // image, take Winograd's F(2×2, 3×3) where the CPU has AVX-512: each padding, odd
+        // sizes, rows of 8 tiles and more (read by rows) and fewer (gathered).
+        c(2, 16, 16, [24, 23], 3, 1, 1, true),
+        c(1, 16, 24, [27, 26], 3, 1, 0, false),
+        c(2, 24, 16, [22, 21], 3, 1, 2, true),
+        c(1, 16, 16, [90, 11], 3, 1, 1, false),
     ]
 }
 

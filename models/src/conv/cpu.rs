@@ -17,6 +17,7 @@ use rayon::prelude::*;
 
 use super::live_taps::{full_rows, live_weight, without_dead_taps};
 use super::narrow;
+use super::winograd;
 
 /// Columns (images × output pixels) per GEMM that keep the micro-kernels busy.
 const TARGET_COLS: usize = 512;
@@ -126,7 +127,7 @@ impl Geometry {
     }
 
     /// Contiguous image ranges run as parallel tasks, and the GEMM parallelism inside each.
-    fn plan(&self) -> (Vec<std::ops::Range<usize>>, Parallelism) {
+    pub(super) fn plan(&self) -> (Vec<std::ops::Range<usize>>, Parallelism) {
         let threads = rayon::current_num_threads().max(1);
         let groups = threads.min(self.batch).max(1);
         let per = self.batch.div_ceil(groups);
@@ -144,8 +145,8 @@ impl Geometry {
 }
 
 thread_local! {
-    static COL_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-    static WIDE_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    pub(super) static COL_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    pub(super) static WIDE_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 /// A scratch buffer kept by its thread between calls. A fresh column matrix per conv (up to
@@ -153,14 +154,14 @@ thread_local! {
 /// ResNet-50 step; reused, it costs neither. Its contents are stale: every user overwrites the
 /// part it reads. A nested use on the same thread (rayon work stealing) finds the slot empty and
 /// allocates its own, so nothing is shared.
-struct Scratch {
+pub(super) struct Scratch {
     slot: &'static std::thread::LocalKey<Cell<Vec<f32>>>,
     buf: Vec<f32>,
     len: usize,
 }
 
 impl Scratch {
-    fn take(slot: &'static std::thread::LocalKey<Cell<Vec<f32>>>, len: usize) -> Self {
+    pub(super) fn take(slot: &'static std::thread::LocalKey<Cell<Vec<f32>>>, len: usize) -> Self {
         let mut buf = slot.take();
         if buf.len() < len {
             buf.resize(len, 0.0);
@@ -300,13 +301,13 @@ fn col2im(g: &Geometry, col: &[f32], nb: usize, dx: &mut [f32]) {
 
 /// A row-major matrix view for [`matmul`]: element `(i, j)` at `ptr[i·rs + j·cs]`.
 #[derive(Clone, Copy)]
-struct Mat<T> {
+pub(super) struct Mat<T> {
     ptr: T,
     rs: isize,
     cs: isize,
 }
 
-fn rows(data: &[f32], row_stride: usize) -> Mat<*const f32> {
+pub(super) fn rows(data: &[f32], row_stride: usize) -> Mat<*const f32> {
     Mat {
         ptr: data.as_ptr(),
         rs: row_stride as isize,
@@ -314,7 +315,7 @@ fn rows(data: &[f32], row_stride: usize) -> Mat<*const f32> {
     }
 }
 
-fn transposed(data: &[f32], row_stride: usize) -> Mat<*const f32> {
+pub(super) fn transposed(data: &[f32], row_stride: usize) -> Mat<*const f32> {
     Mat {
         ptr: data.as_ptr(),
         rs: 1,
@@ -328,7 +329,7 @@ fn transposed(data: &[f32], row_stride: usize) -> Mat<*const f32> {
 /// # Safety
 /// `lhs` and `rhs` must address `m×k` and `k×n` elements inside live allocations with their
 /// strides, and must not overlap `dst`.
-unsafe fn matmul(
+pub(super) unsafe fn matmul(
     [m, k, n]: [usize; 3],
     dst: &mut [f32],
     accumulate: bool,
@@ -557,6 +558,9 @@ fn for_each_group(
 /// - `x`: `[N, Ci, H, W]`, `weight`: `[Co, Ci, kh, kw]`, `bias`: `[Co]`
 /// - returns `[N, Co, Ho, Wo]`
 pub(crate) fn forward(g: &Geometry, x: &[f32], weight: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
+    if winograd::applies(g) {
+        return winograd::forward(g, x, weight, bias);
+    }
     let (g, weight) = live_conv(g, weight);
     let g = &g;
     let (k, p) = (g.k(), g.pixels());
@@ -604,6 +608,9 @@ pub(crate) fn forward(g: &Geometry, x: &[f32], weight: &[f32], bias: Option<&[f3
 /// - `weight`: `[Co, Ci, kh, kw]`, `dy`: `[N, Co, Ho, Wo]`
 /// - returns `[N, Ci, H, W]`
 pub(crate) fn input_grad(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    if winograd::applies(g) {
+        return winograd::input_grad(g, weight, dy);
+    }
     let (g, weight) = live_conv(g, weight);
     let g = &g;
     let (k, p) = (g.k(), g.pixels());
@@ -656,6 +663,9 @@ pub(crate) fn input_grad(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
 /// - `x`: `[N, Ci, H, W]`, `dy`: `[N, Co, Ho, Wo]`
 /// - returns `[Co, Ci, kh, kw]`
 pub(crate) fn weight_grad(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    if winograd::applies(g) {
+        return winograd::weight_grad(g, x, dy);
+    }
     let (live_g, full_rows) = match without_dead_taps(g) {
         Some((live_g, live)) => (live_g, Some(full_rows(g, &live))),
         None => (*g, None),
@@ -793,7 +803,7 @@ pub(crate) fn bias_grad(g: &Geometry, dy: &[f32]) -> Vec<f32> {
 }
 
 /// Splits `data` into the disjoint slices of `ranges` (in images of `item` elements).
-fn split_by_ranges<'a>(
+pub(super) fn split_by_ranges<'a>(
     mut data: &'a mut [f32],
     ranges: &[std::ops::Range<usize>],
     item: usize,

@@ -12,6 +12,7 @@ mod dispatch;
 mod layout;
 mod live_taps;
 mod narrow;
+mod winograd;
 
 pub use backend::ConvBackend;
 

@@ -1,0 +1,292 @@
+//! The transforms 16 tiles at a time: masked gathers read the patches (masked-off lanes
+//! read as zero: the padding), masked stores and scatters write the last group's tiles.
+
+use std::arch::x86_64::*;
+
+use super::POINTS;
+use super::tiles::{LANES, Lane, Taps, input_points, output_grad_points, output_values};
+
+impl Lane for __m512 {
+    #[inline(always)]
+    fn add(self, other: Self) -> Self {
+        // SAFETY: only reached from functions compiled with AVX-512F.
+        unsafe { _mm512_add_ps(self, other) }
+    }
+    #[inline(always)]
+    fn sub(self, other: Self) -> Self {
+        // SAFETY: as above.
+        unsafe { _mm512_sub_ps(self, other) }
+    }
+    #[inline(always)]
+    fn neg(self) -> Self {
+        // SAFETY: as above. Flipping the sign bit is what `-x` does to an f32.
+        unsafe {
+            _mm512_castsi512_ps(_mm512_xor_si512(
+                _mm512_castps_si512(self),
+                _mm512_set1_epi32(i32::MIN),
+            ))
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn gather(taps: &Taps, plane: &[f32], group: usize, pos: usize) -> __m512 {
+    let at = group * taps.positions + pos;
+    // SAFETY: every unmasked offset lies inside `plane` (Taps::new built them for a plane
+    // of this size; the callers check the length).
+    unsafe {
+        let offsets = _mm512_loadu_si512(taps.offsets[at].as_ptr().cast());
+        _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), taps.masks[at], offsets, plane.as_ptr())
+    }
+}
+
+/// `len` values from `at` in `v`: a 16-lane store, masked to `lanes`.
+#[inline(always)]
+unsafe fn store(v: &mut [f32], at: usize, lanes: __mmask16, value: __m512) {
+    let len = 16 - lanes.leading_zeros() as usize;
+    assert!(at + len <= v.len(), "winograd: a store past its matrix");
+    // SAFETY: lanes `len..` are masked off; the others lie inside `v` (asserted).
+    unsafe { _mm512_mask_storeu_ps(v.as_mut_ptr().add(at), lanes, value) }
+}
+
+/// `len` values from `at` in `m`, zero in lanes off `lanes`.
+#[inline(always)]
+unsafe fn load(m: &[f32], at: usize, lanes: __mmask16) -> __m512 {
+    let len = 16 - lanes.leading_zeros() as usize;
+    assert!(at + len <= m.len(), "winograd: a load past its matrix");
+    // SAFETY: as in `store`.
+    unsafe { _mm512_maskz_loadu_ps(lanes, m.as_ptr().add(at)) }
+}
+
+/// See [`super::tiles::transform_input`].
+///
+/// # Safety
+/// The CPU must have AVX-512F; `plane` must be the plane `taps` was built for.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn transform_input(taps: &Taps, plane: &[f32], v: &mut [f32], stride: usize) {
+    for group in 0..taps.groups() {
+        let lanes = taps.lanes(group);
+        // SAFETY: the caller vouches for the CPU and the plane.
+        unsafe {
+            let d: [__m512; POINTS] = std::array::from_fn(|pos| gather(taps, plane, group, pos));
+            for (xi, value) in input_points(d).into_iter().enumerate() {
+                store(v, xi * stride + group * LANES, lanes, value);
+            }
+        }
+    }
+}
+
+/// See [`super::tiles::transform_output_grad`].
+///
+/// # Safety
+/// As [`transform_input`].
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn transform_output_grad(
+    taps: &Taps,
+    plane: &[f32],
+    e: &mut [f32],
+    stride: usize,
+) {
+    for group in 0..taps.groups() {
+        let lanes = taps.lanes(group);
+        // SAFETY: as in transform_input.
+        unsafe {
+            let d: [__m512; 4] = std::array::from_fn(|pos| gather(taps, plane, group, pos));
+            for (xi, value) in output_grad_points(d).into_iter().enumerate() {
+                store(e, xi * stride + group * LANES, lanes, value);
+            }
+        }
+    }
+}
+
+/// See [`super::tiles::transform_output`].
+///
+/// # Safety
+/// As [`transform_input`], `plane` the output plane `taps` was built for.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn transform_output(
+    taps: &Taps,
+    m: &[f32],
+    stride: usize,
+    plane: &mut [f32],
+    bias: f32,
+) {
+    let bias = _mm512_set1_ps(bias);
+    for group in 0..taps.groups() {
+        let lanes = taps.lanes(group);
+        // SAFETY: as in transform_input; every unmasked offset lies inside `plane`.
+        unsafe {
+            let points: [__m512; POINTS] =
+                std::array::from_fn(|xi| load(m, xi * stride + group * LANES, lanes));
+            for (pos, value) in output_values(points, bias).into_iter().enumerate() {
+                let at = group * taps.positions + pos;
+                let offsets = _mm512_loadu_si512(taps.offsets[at].as_ptr().cast());
+                _mm512_mask_i32scatter_ps::<4>(plane.as_mut_ptr(), taps.masks[at], offsets, value);
+            }
+        }
+    }
+}
+
+/// Lane `l` takes element `2l + first` of the 32 in `(lo, hi)`.
+#[inline(always)]
+unsafe fn every_other(lo: __m512, hi: __m512, first: i32) -> __m512 {
+    // SAFETY: only reached from functions compiled with AVX-512F.
+    unsafe {
+        let idx = _mm512_add_epi32(
+            _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+            _mm512_set1_epi32(first),
+        );
+        _mm512_permutex2var_ps(lo, idx, hi)
+    }
+}
+
+/// See [`super::tiles::transform_input`], for planes of at least [`super::tiles::ROW_TILES`] tiles per
+/// row: the plane is copied into `padded` (`[rows, width]`, its padding zero), and each
+/// group of 16 tiles of a row reads its 4×4 patches as 4 × 4 loads of 16 even or odd
+/// columns.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `padded` must hold `[rows, width]` from
+/// [`super::tiles::Planes::padded_shape`], zero outside the plane's place.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn transform_input_rows(
+    grid: &super::Grid,
+    [n_rows, width]: [usize; 2],
+    padded: &mut [f32],
+    plane: &[f32],
+    v: &mut [f32],
+    stride: usize,
+) {
+    let [th, tw] = grid.tiles;
+    let (h, w) = (grid.height, grid.width);
+    assert!(
+        padded.len() >= n_rows * width && h + grid.pad[0] <= n_rows && w + grid.pad[1] <= width
+    );
+    for r in 0..h {
+        padded[(r + grid.pad[0]) * width + grid.pad[1]..][..w]
+            .copy_from_slice(&plane[r * w..][..w]);
+    }
+    for i in 0..th {
+        for j0 in (0..tw).step_by(LANES) {
+            let lanes = (((1u32 << (tw - j0).min(LANES)) - 1) & 0xffff) as __mmask16;
+            let mut d = [_mm512_setzero_ps(); POINTS];
+            for r in 0..4 {
+                let at = (2 * i + r) * width + 2 * j0;
+                // Columns 2j0 .. 2j0 + 34 of the row: inside it by padded_shape.
+                let row = &padded[at..at + 2 * LANES + 2];
+                // SAFETY: each load reads 16 floats inside `row` (34 long).
+                unsafe {
+                    let lo = _mm512_loadu_ps(row.as_ptr());
+                    let hi = _mm512_loadu_ps(row.as_ptr().add(LANES));
+                    let lo2 = _mm512_loadu_ps(row.as_ptr().add(2));
+                    let hi2 = _mm512_loadu_ps(row.as_ptr().add(LANES + 2));
+                    d[r * 4] = every_other(lo, hi, 0);
+                    d[r * 4 + 1] = every_other(lo, hi, 1);
+                    d[r * 4 + 2] = every_other(lo2, hi2, 0);
+                    d[r * 4 + 3] = every_other(lo2, hi2, 1);
+                }
+            }
+            for (xi, value) in input_points(d).into_iter().enumerate() {
+                // SAFETY: masked to the row's tiles, inside `v` (asserted by `store`).
+                unsafe { store(v, xi * stride + i * tw + j0, lanes, value) };
+            }
+        }
+    }
+}
+
+/// See [`super::tiles::transform_output`], for planes of at least [`super::tiles::ROW_TILES`] tiles per
+/// row: a group of 16 tiles of a row gives 32 consecutive pixels of two output rows.
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn transform_output_rows(
+    grid: &super::Grid,
+    m: &[f32],
+    stride: usize,
+    plane: &mut [f32],
+    bias: f32,
+) {
+    let [th, tw] = grid.tiles;
+    let [out_h, out_w] = grid.out;
+    assert!(plane.len() >= out_h * out_w);
+    let bias = _mm512_set1_ps(bias);
+    let first_half = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let second_half = _mm512_add_epi32(first_half, _mm512_set1_epi32(8));
+    for i in 0..th {
+        for j0 in (0..tw).step_by(LANES) {
+            let lanes = (((1u32 << (tw - j0).min(LANES)) - 1) & 0xffff) as __mmask16;
+            // SAFETY: loads masked to the row's tiles, inside `m` (asserted by `load`).
+            let points: [__m512; POINTS] =
+                std::array::from_fn(|xi| unsafe { load(m, xi * stride + i * tw + j0, lanes) });
+            let [y00, y01, y10, y11] = output_values(points, bias);
+            for (r, left, right) in [(2 * i, y00, y01), (2 * i + 1, y10, y11)] {
+                if r >= out_h {
+                    continue;
+                }
+                let col = 2 * j0;
+                let count = (out_w - col).min(2 * LANES);
+                let row = &mut plane[r * out_w + col..][..count];
+                let mask = |n: usize| (((1u32 << n.min(LANES)) - 1) & 0xffff) as __mmask16;
+                // SAFETY: each store is masked to `row`'s length.
+                unsafe {
+                    let lo = _mm512_permutex2var_ps(left, first_half, right);
+                    _mm512_mask_storeu_ps(row.as_mut_ptr(), mask(count), lo);
+                    if count > LANES {
+                        let hi = _mm512_permutex2var_ps(left, second_half, right);
+                        _mm512_mask_storeu_ps(row.as_mut_ptr().add(LANES), mask(count - LANES), hi);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// See [`super::tiles::transform_output_grad`], for planes of at least [`super::tiles::ROW_TILES`] tiles
+/// per row: a group of 16 tiles reads 32 consecutive pixels of two rows, masked at the
+/// plane's edges.
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn transform_output_grad_rows(
+    grid: &super::Grid,
+    plane: &[f32],
+    e: &mut [f32],
+    stride: usize,
+) {
+    let [th, tw] = grid.tiles;
+    let [out_h, out_w] = grid.out;
+    assert!(plane.len() >= out_h * out_w);
+    let mask = |n: usize| (((1u32 << n.min(LANES)) - 1) & 0xffff) as __mmask16;
+    for i in 0..th {
+        for j0 in (0..tw).step_by(LANES) {
+            let lanes = mask(tw - j0);
+            let mut d = [_mm512_setzero_ps(); 4];
+            for r in 0..2 {
+                let y = 2 * i + r;
+                if y >= out_h {
+                    continue;
+                }
+                let col = 2 * j0;
+                let count = (out_w - col).min(2 * LANES);
+                let row = &plane[y * out_w + col..][..count];
+                // SAFETY: each load is masked to `row`'s length.
+                unsafe {
+                    let lo = _mm512_maskz_loadu_ps(mask(count), row.as_ptr());
+                    let hi = if count > LANES {
+                        _mm512_maskz_loadu_ps(mask(count - LANES), row.as_ptr().add(LANES))
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    d[2 * r] = every_other(lo, hi, 0);
+                    d[2 * r + 1] = every_other(lo, hi, 1);
+                }
+            }
+            for (xi, value) in output_grad_points(d).into_iter().enumerate() {
+                // SAFETY: masked to the row's tiles, inside `e` (asserted by `store`).
+                unsafe { store(e, xi * stride + i * tw + j0, lanes, value) };
+            }
+        }
+    }
+}
