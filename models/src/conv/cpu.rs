@@ -663,7 +663,7 @@ pub(crate) fn input_grad(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
 /// - `x`: `[N, Ci, H, W]`, `dy`: `[N, Co, Ho, Wo]`
 /// - returns `[Co, Ci, kh, kw]`
 pub(crate) fn weight_grad(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
-    if winograd::applies(g) {
+    if winograd::applies_to_weight_grad(g) {
         return winograd::weight_grad(g, x, dy);
     }
     let (live_g, full_rows) = match without_dead_taps(g) {

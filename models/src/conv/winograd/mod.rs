@@ -18,18 +18,20 @@
 //! direct conv's by rounding only. Images run in parallel groups as in [`super::cpu`], in chunks
 //! whose transformed tiles stay under [`MAX_ELEMS`].
 
+use std::cell::Cell;
 use std::ops::Range;
 
+use gemm::Parallelism;
 use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod tiles;
 
-use tiles::{Kernel, Planes, transform_input, transform_output, transform_output_grad};
+use tiles::{Kernel, Planes, Stack, transform_input, transform_output, transform_output_grad};
 
 use super::cpu::{
-    COL_SCRATCH, Geometry, Scratch, WIDE_SCRATCH, matmul, rows, split_by_ranges, transposed,
+    COL_SCRATCH, Geometry, Mat, Scratch, WIDE_SCRATCH, matmul, rows, split_by_ranges, transposed,
 };
 
 /// Transformed points per tile: 4 × 4.
@@ -40,14 +42,12 @@ const TARGET_TILES: usize = 512;
 const MAX_ELEMS: usize = 4 << 20;
 /// Below this many input or output channels the transforms cost more than the saved products.
 const MIN_CHANNELS: usize = 16;
-/// Below this many tiles per parallel task the transformed weights (16 · Co · Ci values, 1.8×
-/// the kernel's) are read for too few tiles: the GEMMs wait on memory, and im2col wins
-/// (ResNet-50's 7×7-pixel stage at batch 8, ResNet-18's 4×4 stage at 32 px).
-const MIN_TASK_TILES: usize = 128;
+/// Below this many tiles per GEMM the transformed weights (16 · Co · Ci values, 1.8× the
+/// kernel's) serve too few products, and im2col wins.
+const MIN_TILES: usize = 32;
 
-/// Whether [`forward`], [`input_grad`] and [`weight_grad`] take the conv: 3×3, stride 1, no
-/// dilation, padding at most 2, an output of at least 2×2 pixels, and enough channels and tiles
-/// to gain.
+/// Whether [`forward`] and [`input_grad`] take the conv: 3×3, stride 1, no dilation, padding at
+/// most 2, an output of at least 2×2 pixels, and enough channels and tiles to gain.
 pub(super) fn applies(g: &Geometry) -> bool {
     let shape = g.kernel == [3, 3]
         && g.stride == [1, 1]
@@ -55,13 +55,32 @@ pub(super) fn applies(g: &Geometry) -> bool {
         && g.padding.iter().all(|&p| p <= 2)
         && g.out.iter().all(|&o| o >= 2);
     // One tile at a time the transforms cost more than the products they save.
-    if !shape || g.c_in < MIN_CHANNELS || g.c_out < MIN_CHANNELS || Kernel::best() == Kernel::Scalar
-    {
-        return false;
-    }
-    let (ranges, _) = g.plan();
-    let images = ranges.iter().map(Range::len).min().unwrap_or(0);
-    images * Grid::forward(g).per_image() >= MIN_TASK_TILES
+    shape
+        && g.c_in >= MIN_CHANNELS
+        && g.c_out >= MIN_CHANNELS
+        && Kernel::best() != Kernel::Scalar
+        && tiles_per_gemm(g) >= MIN_TILES
+}
+
+/// Whether [`weight_grad`] takes the conv: as [`applies`], with at least half as many tiles per
+/// GEMM as channels. Its GEMMs sum over tiles into 16 · Ci · Co values, which are then summed
+/// and transformed back: with fewer tiles, that pass over them costs more than the products
+/// saved (ResNet-50's 7×7 stage at batch 8: 128 tiles, 512 channels).
+pub(super) fn applies_to_weight_grad(g: &Geometry) -> bool {
+    applies(g) && 2 * tiles_per_gemm(g) >= g.c_in.max(g.c_out)
+}
+
+/// Tiles each of the 16 GEMMs gets: the batch's, or a group's ([`Schedule`]).
+fn tiles_per_gemm(g: &Geometry) -> usize {
+    let grid = Grid::forward(g);
+    let images = match Schedule::of(g) {
+        Schedule::ByPoints => g.batch,
+        Schedule::ByImages => {
+            let (ranges, _) = g.plan();
+            ranges.iter().map(Range::len).min().unwrap_or(0)
+        }
+    };
+    images * grid.per_image()
 }
 
 /// Forward: `y = conv(x, weight) (+ bias)`.
@@ -70,18 +89,25 @@ pub(super) fn applies(g: &Geometry) -> bool {
 /// - `x`: `[N, Ci, H, W]`, `weight`: `[Co, Ci, 3, 3]`, `bias`: `[Co]`
 /// - returns `[N, Co, Ho, Wo]`
 pub(super) fn forward(g: &Geometry, x: &[f32], weight: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
-    forward_with(Kernel::best(), g, x, weight, bias)
+    forward_with(Kernel::best(), Schedule::of(g), g, x, weight, bias)
 }
 
 fn forward_with(
     kernel: Kernel,
+    schedule: Schedule,
     g: &Geometry,
     x: &[f32],
     weight: &[f32],
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
-    let u = transform_weight(weight, g.c_out, g.c_in, Pass::Forward);
-    tiled_conv(kernel, g, &Grid::forward(g), [g.c_in, g.c_out], x, &u, bias)
+    let u = TransformedWeight::new(weight, g.c_out, g.c_in, Pass::Forward);
+    let grid = Grid::forward(g);
+    match schedule {
+        Schedule::ByImages => tiled_conv(kernel, g, &grid, [g.c_in, g.c_out], x, &u, bias),
+        Schedule::ByPoints => {
+            tiled_conv_by_points(kernel, g.batch, &grid, [g.c_in, g.c_out], x, &u, bias)
+        }
+    }
 }
 
 /// Input gradient: the forward conv of `dy` with the rotated, transposed kernel.
@@ -90,20 +116,23 @@ fn forward_with(
 /// - `weight`: `[Co, Ci, 3, 3]`, `dy`: `[N, Co, Ho, Wo]`
 /// - returns `[N, Ci, H, W]`
 pub(super) fn input_grad(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
-    input_grad_with(Kernel::best(), g, weight, dy)
+    input_grad_with(Kernel::best(), Schedule::of(g), g, weight, dy)
 }
 
-fn input_grad_with(kernel: Kernel, g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
-    let u = transform_weight(weight, g.c_out, g.c_in, Pass::InputGrad);
-    tiled_conv(
-        kernel,
-        g,
-        &Grid::input_grad(g),
-        [g.c_out, g.c_in],
-        dy,
-        &u,
-        None,
-    )
+fn input_grad_with(
+    kernel: Kernel,
+    schedule: Schedule,
+    g: &Geometry,
+    weight: &[f32],
+    dy: &[f32],
+) -> Vec<f32> {
+    let u = TransformedWeight::new(weight, g.c_out, g.c_in, Pass::InputGrad);
+    let grid = Grid::input_grad(g);
+    let channels = [g.c_out, g.c_in];
+    match schedule {
+        Schedule::ByImages => tiled_conv(kernel, g, &grid, channels, dy, &u, None),
+        Schedule::ByPoints => tiled_conv_by_points(kernel, g.batch, &grid, channels, dy, &u, None),
+    }
 }
 
 /// Weight gradient: per point, `Σ_tiles (A e Aᵀ)[ξ] (Bᵀ d B)[ξ]` as one GEMM over a chunk's
@@ -113,11 +142,20 @@ fn input_grad_with(kernel: Kernel, g: &Geometry, weight: &[f32], dy: &[f32]) -> 
 /// - `x`: `[N, Ci, H, W]`, `dy`: `[N, Co, Ho, Wo]`
 /// - returns `[Co, Ci, 3, 3]`
 pub(super) fn weight_grad(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
-    weight_grad_with(Kernel::best(), g, x, dy)
+    weight_grad_with(Kernel::best(), Schedule::of(g), g, x, dy)
 }
 
-fn weight_grad_with(kernel: Kernel, g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+fn weight_grad_with(
+    kernel: Kernel,
+    schedule: Schedule,
+    g: &Geometry,
+    x: &[f32],
+    dy: &[f32],
+) -> Vec<f32> {
     let grid = Grid::forward(g);
+    if schedule == Schedule::ByPoints {
+        return weight_grad_by_points(kernel, g, &grid, x, dy);
+    }
     let planes = Planes::new(kernel, grid);
     let (c_in, c_out) = (g.c_in, g.c_out);
     let (ranges, parallelism) = g.plan();
@@ -129,7 +167,7 @@ fn weight_grad_with(kernel: Kernel, g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<
             let mut v = Scratch::take(&COL_SCRATCH, POINTS * c_in * nb_max * per_image);
             let mut e = Scratch::take(&WIDE_SCRATCH, POINTS * c_out * nb_max * per_image);
             let mut padded = planes.padded();
-            // [16, Co, Ci]
+            // [16, Ci, Co]
             let mut sums = vec![0.0f32; POINTS * c_out * c_in];
             for (k, start) in range.clone().step_by(nb_max).enumerate() {
                 let nb = nb_max.min(range.end - start);
@@ -170,32 +208,233 @@ fn weight_grad_with(kernel: Kernel, g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<
             sums
         })
         .collect();
+    kernel_grads(&partials, c_in, c_out)
+}
+
+/// `dW` `[Co, Ci, 3, 3]` from per-task sums `[16, Ci, Co]`: added, then `Gᵀ m G` per kernel.
+fn kernel_grads(
+    partials: &[impl std::ops::Deref<Target = [f32]> + Sync],
+    c_in: usize,
+    c_out: usize,
+) -> Vec<f32> {
     let plane = c_out * c_in;
     let mut dw = vec![0.0f32; plane * 9];
-    // Blocks of 16 output channels: the partials are [16, Ci, Co], dW [Co, Ci, 3, 3], so a
-    // block reads 16 consecutive values per point and input channel.
-    const BLOCK: usize = 16;
+    // Blocks of BLOCK output channels: the partials are [16, Ci, Co], dW [Co, Ci, 3, 3], so a
+    // block reads BLOCK consecutive values per point and input channel, and transforms BLOCK
+    // kernels side by side.
     dw.par_chunks_mut(BLOCK * c_in * 9)
         .enumerate()
         .for_each(|(block, dst)| {
             let o0 = block * BLOCK;
             let width = dst.len() / (c_in * 9);
             for i in 0..c_in {
-                let mut m = [[0.0f32; POINTS]; BLOCK];
-                for xi in 0..POINTS {
-                    for partial in &partials {
+                let mut m = [[0.0f32; BLOCK]; POINTS];
+                for (xi, m) in m.iter_mut().enumerate() {
+                    for partial in partials {
                         let sums = &partial[xi * plane + i * c_out + o0..][..width];
                         for (m, v) in m.iter_mut().zip(sums) {
-                            m[xi] += v;
+                            *m += v;
                         }
                     }
                 }
-                for (o, m) in m[..width].iter().enumerate() {
-                    dst[(o * c_in + i) * 9..][..9].copy_from_slice(&kernel_grad_transform(m));
+                let z = kernel_grad_transform(&m);
+                for o in 0..width {
+                    for (k, z) in z.iter().enumerate() {
+                        dst[(o * c_in + i) * 9 + k] = z[o];
+                    }
                 }
             }
         });
     dw
+}
+
+/// How a pass spreads over the threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Schedule {
+    /// Groups of images per thread, each through transforms, 16 GEMMs and back (large planes:
+    /// a whole batch's transformed tiles would not fit [`MAX_ELEMS`]).
+    ByImages,
+    /// The whole batch at once, each phase in parallel: the transforms over channels, the 16
+    /// GEMMs over points. Small planes: each GEMM gets every tile of the batch, and each
+    /// transformed weight is read once, not once per group.
+    ByPoints,
+}
+
+impl Schedule {
+    fn of(g: &Geometry) -> Self {
+        let tiles = g.batch * Grid::forward(g).per_image();
+        if POINTS * tiles * g.c_in.max(g.c_out) <= MAX_ELEMS {
+            Schedule::ByPoints
+        } else {
+            Schedule::ByImages
+        }
+    }
+}
+
+/// [`tiled_conv`] for [`Schedule::ByPoints`]: `V` laid out `[Ci, 16, tiles]` (written per
+/// channel), `M` `[16, Co, tiles]` (written per point).
+fn tiled_conv_by_points(
+    kernel: Kernel,
+    batch: usize,
+    grid: &Grid,
+    [c_in, c_out]: [usize; 2],
+    x: &[f32],
+    u: &TransformedWeight,
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    let (in_len, out_len) = (grid.in_len(), grid.out_len());
+    let planes = Planes::stacked(
+        kernel,
+        *grid,
+        Stack {
+            count: batch,
+            stride: c_in * in_len,
+        },
+        Stack {
+            count: batch,
+            stride: out_len,
+        },
+    );
+    let v = transformed_planes(&planes, batch, c_in, x, transform_input, &COL_SCRATCH);
+    let (per_image, t) = (grid.per_image(), batch * grid.per_image());
+    let tp = point_stride(t);
+    let mut m = Scratch::take(&WIDE_SCRATCH, POINTS * c_out * t);
+    m.par_chunks_mut(c_out * t).enumerate().for_each(|(xi, m)| {
+        // SAFETY: u is [Co, Ci]; V[ξ] is [Ci, t] with rows 16·tp apart from ξ·tp, its last
+        // element at (Ci − 1)·16·tp + ξ·tp + t − 1 < Ci·16·tp, inside v.
+        unsafe {
+            matmul(
+                [c_out, c_in, t],
+                m,
+                false,
+                u.point(xi),
+                rows(&v[xi * tp..], POINTS * tp),
+                Parallelism::None,
+            );
+        }
+    });
+    drop(v);
+    let mut y = vec![0.0f32; batch * c_out * out_len];
+    let bias_of = |o: usize| bias.map_or(0.0, |bias| bias[o]);
+    if planes.stacked {
+        // Each output channel's planes of the whole batch in one call, into [Co, N, pixels],
+        // then to [N, Co, pixels].
+        let mut by_channel = Scratch::take(&COL_SCRATCH, c_out * batch * out_len);
+        by_channel
+            .par_chunks_mut(batch * out_len)
+            .enumerate()
+            .for_each(|(o, planes_o)| {
+                transform_output(&planes, &m[o * t..], c_out * t, planes_o, bias_of(o));
+            });
+        y.par_chunks_mut(c_out * out_len)
+            .enumerate()
+            .for_each(|(n, image)| {
+                for (o, plane) in image.chunks_exact_mut(out_len).enumerate() {
+                    plane.copy_from_slice(&by_channel[(o * batch + n) * out_len..][..out_len]);
+                }
+            });
+    } else {
+        y.par_chunks_mut(out_len)
+            .enumerate()
+            .for_each(|(plane_index, plane)| {
+                let (n, o) = (plane_index / c_out, plane_index % c_out);
+                let m = &m[o * t + n * per_image..];
+                transform_output(&planes, m, c_out * t, plane, bias_of(o));
+            });
+    }
+    y
+}
+
+/// The distance between a channel's points in [`transformed_planes`]: at least `tiles`, and
+/// odd, so that the GEMMs' rows (16 of these apart) do not all fall in the same cache sets, as
+/// they would 16·2ᵏ floats apart.
+fn point_stride(tiles: usize) -> usize {
+    tiles | 1
+}
+
+/// The transformed tiles of every plane of `images` (`[batch, channels, plane]`), laid out
+/// `[channels, 16, point_stride(batch · tiles)]`, in parallel over channels.
+fn transformed_planes(
+    planes: &Planes,
+    batch: usize,
+    channels: usize,
+    images: &[f32],
+    transform: fn(&Planes, &mut [f32], &[f32], &mut [f32], usize),
+    slot: &'static std::thread::LocalKey<Cell<Vec<f32>>>,
+) -> Scratch {
+    let per_image = planes.grid.per_image();
+    let t = batch * per_image;
+    let plane_len = images.len() / (batch * channels).max(1);
+    let tp = point_stride(t);
+    let mut v = Scratch::take(slot, channels * POINTS * tp);
+    v.par_chunks_mut(POINTS * tp).enumerate().for_each_init(
+        || planes.padded(),
+        |padded, (c, v)| {
+            if planes.stacked {
+                // The channel's planes of every image, `channels` planes apart.
+                transform(planes, padded, &images[c * plane_len..], v, tp);
+                return;
+            }
+            for n in 0..batch {
+                let plane = &images[(n * channels + c) * plane_len..][..plane_len];
+                transform(planes, padded, plane, &mut v[n * per_image..], tp);
+            }
+        },
+    );
+    v
+}
+
+/// [`weight_grad`] for [`Schedule::ByPoints`]: one GEMM per point over every tile of the batch,
+/// `S[ξ] = V[ξ] · E[ξ]ᵀ`, no partial sums.
+fn weight_grad_by_points(
+    kernel: Kernel,
+    g: &Geometry,
+    grid: &Grid,
+    x: &[f32],
+    dy: &[f32],
+) -> Vec<f32> {
+    let (c_in, c_out) = (g.c_in, g.c_out);
+    let planes = Planes::stacked(
+        kernel,
+        *grid,
+        Stack {
+            count: g.batch,
+            stride: c_in * grid.in_len(),
+        },
+        Stack {
+            count: g.batch,
+            stride: c_out * grid.out_len(),
+        },
+    );
+    let t = g.batch * grid.per_image();
+    let tp = point_stride(t);
+    let v = transformed_planes(&planes, g.batch, c_in, x, transform_input, &COL_SCRATCH);
+    let e = transformed_planes(
+        &planes,
+        g.batch,
+        c_out,
+        dy,
+        |planes, _, plane, e, stride| transform_output_grad(planes, plane, e, stride),
+        &WIDE_SCRATCH,
+    );
+    let mut sums = vec![0.0f32; POINTS * c_in * c_out];
+    sums.par_chunks_mut(c_in * c_out)
+        .enumerate()
+        .for_each(|(xi, s)| {
+            // SAFETY: V[ξ] is [Ci, t] and E[ξ] [Co, t], rows 16·tp apart from ξ·tp (inside v
+            // and e as in tiled_conv_by_points); E[ξ]ᵀ reads E[ξ] with swapped strides.
+            unsafe {
+                matmul(
+                    [c_in, t, c_out],
+                    s,
+                    false,
+                    rows(&v[xi * tp..], POINTS * tp),
+                    transposed(&e[xi * tp..], POINTS * tp),
+                    Parallelism::None,
+                );
+            }
+        });
+    kernel_grads(&[sums], c_in, c_out)
 }
 
 /// The tiles of one plane: a `[height, width]` input read with `pad` zeros around it, and the
@@ -260,7 +499,7 @@ fn tiled_conv(
     grid: &Grid,
     [c_in, c_out]: [usize; 2],
     x: &[f32],
-    u: &[f32],
+    u: &TransformedWeight,
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
     let (ranges, parallelism) = g.plan();
@@ -290,7 +529,6 @@ fn tiled_conv(
                     }
                 }
                 for xi in 0..POINTS {
-                    let u = &u[xi * c_out * c_in..][..c_out * c_in];
                     let v = &v[xi * c_in * t..][..c_in * t];
                     // SAFETY: u is [Co, Ci] and v [Ci, t], inside their slices.
                     unsafe {
@@ -298,7 +536,7 @@ fn tiled_conv(
                             [c_out, c_in, t],
                             &mut m[xi * c_out * t..][..c_out * t],
                             false,
-                            rows(u, c_in),
+                            u.point(xi),
                             rows(v, t),
                             parallelism,
                         );
@@ -327,38 +565,62 @@ enum Pass {
     InputGrad,
 }
 
-/// `[Co, Ci, 3, 3]` weights to `U = G g Gᵀ`, `[16, rows, cols]` (see [`Pass`]).
-fn transform_weight(weight: &[f32], c_out: usize, c_in: usize, pass: Pass) -> Vec<f32> {
-    let (n_rows, n_cols) = match pass {
-        Pass::Forward => (c_out, c_in),
-        Pass::InputGrad => (c_in, c_out),
-    };
-    let plane = n_rows * n_cols;
-    // Each kernel's 16 points together, then spread over the 16 planes: two parallel passes.
-    let mut points = vec![[0.0f32; POINTS]; plane];
-    points
-        .par_chunks_mut(n_cols)
-        .enumerate()
-        .for_each(|(r, row)| {
-            for (c, dst) in row.iter_mut().enumerate() {
-                let (o, i) = match pass {
-                    Pass::Forward => (r, c),
-                    Pass::InputGrad => (c, r),
-                };
-                let k = &weight[(o * c_in + i) * 9..][..9];
-                let tap = |a: usize, b: usize| match pass {
-                    Pass::Forward => k[a * 3 + b],
-                    Pass::InputGrad => k[(2 - a) * 3 + (2 - b)],
-                };
-                *dst =
-                    kernel_transform(std::array::from_fn(|a| std::array::from_fn(|b| tap(a, b))));
-            }
-        });
-    let mut u = vec![0.0f32; POINTS * plane];
-    u.par_chunks_mut(plane).enumerate().for_each(|(xi, dst)| {
-        dst.iter_mut().zip(&points).for_each(|(d, p)| *d = p[xi]);
-    });
-    u
+thread_local! {
+    static WEIGHT_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// The transformed weights `U = G g Gᵀ`: 16 matrices `[rows, cols]` (see [`Pass`]), stored
+/// row by row with a row's 16 points side by side, so that one pass over the kernels writes
+/// them, each row in parallel.
+struct TransformedWeight {
+    data: Scratch,
+    cols: usize,
+    row_stride: usize,
+}
+
+impl TransformedWeight {
+    /// `[Co, Ci, 3, 3]` weights transformed for `pass`.
+    fn new(weight: &[f32], c_out: usize, c_in: usize, pass: Pass) -> Self {
+        let (n_rows, cols) = match pass {
+            Pass::Forward => (c_out, c_in),
+            Pass::InputGrad => (c_in, c_out),
+        };
+        // One cache line more than the 16 points: rows 16·2ᵏ floats apart would share cache
+        // sets when gemm packs them.
+        let row_stride = POINTS * cols + 16;
+        let mut data = Scratch::take(&WEIGHT_SCRATCH, n_rows * row_stride);
+        data.par_chunks_mut(row_stride)
+            .enumerate()
+            .for_each(|(r, row)| {
+                for c in 0..cols {
+                    let (o, i) = match pass {
+                        Pass::Forward => (r, c),
+                        Pass::InputGrad => (c, r),
+                    };
+                    let k = &weight[(o * c_in + i) * 9..][..9];
+                    let tap = |a: usize, b: usize| match pass {
+                        Pass::Forward => k[a * 3 + b],
+                        Pass::InputGrad => k[(2 - a) * 3 + (2 - b)],
+                    };
+                    let points = kernel_transform(std::array::from_fn(|a| {
+                        std::array::from_fn(|b| tap(a, b))
+                    }));
+                    for (xi, value) in points.into_iter().enumerate() {
+                        row[xi * cols + c] = value;
+                    }
+                }
+            });
+        Self {
+            data,
+            cols,
+            row_stride,
+        }
+    }
+
+    /// `U[ξ]`, `[rows, cols]`, for the GEMMs.
+    fn point(&self, xi: usize) -> Mat<*const f32> {
+        rows(&self.data[xi * self.cols..], self.row_stride)
+    }
 }
 
 /// `G v` for `G = [[1, 0, 0], [½, ½, ½], [½, −½, ½], [0, 0, 1]]`.
@@ -381,18 +643,31 @@ fn kernel_transform(g: [[f32; 3]; 3]) -> [f32; POINTS] {
     out
 }
 
-/// `Gᵀ v` for the `G` of [`by_g`].
-fn by_g_transposed(v: [f32; 4]) -> [f32; 3] {
-    let middle = 0.5 * (v[1] + v[2]);
-    [v[0] + middle, 0.5 * (v[1] - v[2]), middle + v[3]]
+/// Kernels [`kernel_grad_transform`] transforms side by side.
+const BLOCK: usize = 16;
+
+/// Values of [`BLOCK`] kernels, one per lane.
+type Lanes = [f32; BLOCK];
+
+/// `Gᵀ v` for the `G` of [`by_g`], lane by lane.
+fn by_g_transposed(v: [Lanes; 4]) -> [Lanes; 3] {
+    let mut out = [[0.0f32; BLOCK]; 3];
+    for l in 0..BLOCK {
+        let middle = 0.5 * (v[1][l] + v[2][l]);
+        out[0][l] = v[0][l] + middle;
+        out[1][l] = 0.5 * (v[1][l] - v[2][l]);
+        out[2][l] = middle + v[3][l];
+    }
+    out
 }
 
-/// `Gᵀ m G` of one tile's 16 summed points: a 3×3 kernel's gradient, row-major.
-fn kernel_grad_transform(m: &[f32; POINTS]) -> [f32; 9] {
-    let rows_: [[f32; 3]; 4] = std::array::from_fn(|a| {
+/// `Gᵀ m G` of [`BLOCK`] kernels' 16 summed points (row-major, each a lane): their gradients,
+/// row-major 3×3.
+fn kernel_grad_transform(m: &[Lanes; POINTS]) -> [Lanes; 9] {
+    let rows_: [[Lanes; 3]; 4] = std::array::from_fn(|a| {
         by_g_transposed([m[a * 4], m[a * 4 + 1], m[a * 4 + 2], m[a * 4 + 3]])
     });
-    let mut out = [0.0f32; 9];
+    let mut out = [[0.0f32; BLOCK]; 9];
     for b in 0..3 {
         let column = by_g_transposed([rows_[0][b], rows_[1][b], rows_[2][b], rows_[3][b]]);
         for (a, v) in column.into_iter().enumerate() {
@@ -518,13 +793,21 @@ mod tests {
             for (plane, b) in want.chunks_mut(g.pixels()).zip(bias.iter().cycle()) {
                 plane.iter_mut().for_each(|v| *v += b);
             }
-            assert_close("forward", &g, &forward(&g, &x, &w, Some(&bias)), &want);
+            for schedule in [Schedule::ByImages, Schedule::ByPoints] {
+                let forward = forward_with(Kernel::best(), schedule, &g, &x, &w, Some(&bias));
+                assert_close(&format!("{schedule:?} forward"), &g, &forward, &want);
+            }
             if batch > 3 {
                 continue; // The unit-vector gradients below are quadratic in the sizes.
             }
             let (dx, dw) = direct_grads(&g, &x, &w, &dy);
-            assert_close("input gradient", &g, &input_grad(&g, &w, &dy), &dx);
-            assert_close("weight gradient", &g, &weight_grad(&g, &x, &dy), &dw);
+            for schedule in [Schedule::ByImages, Schedule::ByPoints] {
+                let what = |pass: &str| format!("{schedule:?} {pass}");
+                let input_grad = input_grad_with(Kernel::best(), schedule, &g, &w, &dy);
+                assert_close(&what("input gradient"), &g, &input_grad, &dx);
+                let weight_grad = weight_grad_with(Kernel::best(), schedule, &g, &x, &dy);
+                assert_close(&what("weight gradient"), &g, &weight_grad, &dw);
+            }
         }
     }
 
@@ -559,29 +842,32 @@ mod tests {
             let w = values(c_out * c_in * 9, 6);
             let bias = values(c_out, 7);
             let dy = values(batch * c_out * g.pixels(), 8);
-            for (what, vector, scalar) in [
-                (
-                    "forward",
-                    forward_with(Kernel::Avx512, &g, &x, &w, Some(&bias)),
-                    forward_with(Kernel::Scalar, &g, &x, &w, Some(&bias)),
-                ),
-                (
-                    "input gradient",
-                    input_grad_with(Kernel::Avx512, &g, &w, &dy),
-                    input_grad_with(Kernel::Scalar, &g, &w, &dy),
-                ),
-                (
-                    "weight gradient",
-                    weight_grad_with(Kernel::Avx512, &g, &x, &dy),
-                    weight_grad_with(Kernel::Scalar, &g, &x, &dy),
-                ),
-            ] {
-                assert_eq!(vector.len(), scalar.len());
-                if let Some(i) = (0..vector.len()).find(|&i| vector[i] != scalar[i]) {
-                    panic!(
-                        "{what} of {g:?}: element {i} is {} with AVX-512, {} without",
-                        vector[i], scalar[i]
-                    );
+            for schedule in [Schedule::ByImages, Schedule::ByPoints] {
+                let both = |pass: &dyn Fn(Kernel) -> Vec<f32>| {
+                    (pass(Kernel::Avx512), pass(Kernel::Scalar))
+                };
+                for (what, (vector, scalar)) in [
+                    (
+                        "forward",
+                        both(&|k| forward_with(k, schedule, &g, &x, &w, Some(&bias))),
+                    ),
+                    (
+                        "input gradient",
+                        both(&|k| input_grad_with(k, schedule, &g, &w, &dy)),
+                    ),
+                    (
+                        "weight gradient",
+                        both(&|k| weight_grad_with(k, schedule, &g, &x, &dy)),
+                    ),
+                ] {
+                    assert_eq!(vector.len(), scalar.len());
+                    if let Some(i) = (0..vector.len()).find(|&i| vector[i] != scalar[i]) {
+                        panic!(
+                            "{schedule:?} {what} of {g:?}: element {i} is {} with AVX-512, {} \
+                             without",
+                            vector[i], scalar[i]
+                        );
+                    }
                 }
             }
         }
@@ -603,6 +889,10 @@ mod tests {
         assert_eq!(applies(&geometry(8, 64, 56, 3, 1)), vectors);
         assert_eq!(applies(&geometry(1, 64, 28, 3, 1)), vectors);
         assert!(!applies(&geometry(1, 512, 7, 3, 1)), "16 tiles");
+        // ResNet-50's 7×7 stage at batch 8: 128 tiles, too few for 512 channels' gradient.
+        assert_eq!(applies(&geometry(8, 512, 7, 3, 1)), vectors);
+        assert!(!applies_to_weight_grad(&geometry(8, 512, 7, 3, 1)));
+        assert_eq!(applies_to_weight_grad(&geometry(8, 256, 14, 3, 1)), vectors);
         assert!(!applies(&geometry(8, 64, 56, 3, 2)), "stride 2");
         assert!(!applies(&geometry(8, 64, 56, 1, 1)), "1×1");
         assert!(!applies(&geometry(8, 3, 56, 3, 1)), "3 channels");

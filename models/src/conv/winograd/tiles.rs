@@ -7,36 +7,63 @@
 use super::avx512;
 use super::{Grid, POINTS};
 
-/// For every group of 16 tiles of a plane (tiles numbered row by row) and every position of a
-/// tile's patch: the offset of each lane's value in the plane and the lanes inside it. Tiles
-/// across lanes keep all 16 lanes busy whatever the plane's width (ResNet's planes at 32 px are
-/// 2 tiles wide).
+/// For every group of 16 tiles (numbered row by row, plane after plane) and every position of
+/// a tile's patch: the offset of each lane's value and the lanes inside their plane. Tiles
+/// across lanes keep all 16 lanes busy whatever a plane's width; a [`Stack`] of planes fills
+/// them where one plane has fewer than 16 tiles (ResNet's 4×4 and 2×2 planes at 32 px).
 pub(super) struct Taps {
-    /// Tiles in the plane.
+    /// Tiles in the stack of planes.
     tiles: usize,
     /// Positions per tile: 16 for a 4×4 input patch, 4 for a 2×2 output tile.
     pub(super) positions: usize,
-    /// `[group][position]`: a lane's offset in the plane (0 where masked off).
+    /// `[group][position]`: a lane's offset from the first plane (0 where masked off).
     pub(super) offsets: Vec<[i32; LANES]>,
-    /// `[group][position]`: bit `l` set where lane `l` is a tile of the plane and inside it.
+    /// `[group][position]`: bit `l` set where lane `l` is a tile and inside its plane.
     pub(super) masks: Vec<u16>,
+    /// One past the largest offset: the length the transforms' planes must have.
+    pub(super) extent: usize,
 }
 
 /// Tiles per vector.
 pub(super) const LANES: usize = 16;
 
+/// `count` planes `stride` values apart, transformed in one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Stack {
+    pub(super) count: usize,
+    pub(super) stride: usize,
+}
+
+impl Stack {
+    /// One plane.
+    pub(super) const ONE: Stack = Stack {
+        count: 1,
+        stride: 0,
+    };
+}
+
 impl Taps {
-    /// The `side × side` patches at `(2i − pad[0], 2j − pad[1])` of a `plane`-sized plane.
-    fn new(grid: &Grid, side: usize, pad: [usize; 2], [height, width]: [usize; 2]) -> Self {
+    /// The `side × side` patches at `(2i − pad[0], 2j − pad[1])` of `stack`'s planes, each
+    /// `[height, width]`.
+    fn new(
+        grid: &Grid,
+        side: usize,
+        pad: [usize; 2],
+        [height, width]: [usize; 2],
+        stack: Stack,
+    ) -> Self {
         let [th, tw] = grid.tiles;
-        let tiles = th * tw;
+        let per_plane = th * tw;
+        let tiles = per_plane * stack.count;
         let positions = side * side;
         let groups = tiles.div_ceil(LANES);
         let mut offsets = vec![[0i32; LANES]; groups * positions];
         let mut masks = vec![0u16; groups * positions];
+        let mut extent = 0;
         for t in 0..tiles {
             let (group, lane) = (t / LANES, t % LANES);
-            let (i, j) = (t / tw, t % tw);
+            let (k, tile) = (t / per_plane, t % per_plane);
+            let (i, j) = (tile / tw, tile % tw);
             for r in 0..side {
                 for c in 0..side {
                     let (Some(y), Some(x)) = (
@@ -46,9 +73,13 @@ impl Taps {
                         continue;
                     };
                     if y < height && x < width {
+                        let offset = k * stack.stride + y * width + x;
                         let at = group * positions + r * side + c;
-                        offsets[at][lane] = (y * width + x) as i32;
+                        offsets[at][lane] = i32::try_from(offset).expect(
+                            "winograd: a stack of planes past 2³¹ values (Planes::new checks)",
+                        );
                         masks[at] |= 1 << lane;
+                        extent = extent.max(offset + 1);
                     }
                 }
             }
@@ -58,17 +89,8 @@ impl Taps {
             positions,
             offsets,
             masks,
+            extent,
         }
-    }
-
-    /// The taps of a grid's input patches: 4×4 around its tiles, in its input plane.
-    fn input(grid: &Grid) -> Self {
-        Self::new(grid, 4, grid.pad, [grid.height, grid.width])
-    }
-
-    /// The taps of a grid's output tiles: 2×2, in its output plane.
-    fn output(grid: &Grid) -> Self {
-        Self::new(grid, 2, [0, 0], grid.out)
     }
 
     pub(super) fn groups(&self) -> usize {
@@ -233,17 +255,40 @@ pub(super) const ROW_TILES: usize = 8;
 /// What the per-plane transforms of one pass share: the grid, its taps, and how they run.
 pub(super) struct Planes {
     kernel: Kernel,
-    grid: Grid,
+    pub(super) grid: Grid,
+    /// Planes per call of [`transform_input`], [`transform_output_grad`] and
+    /// [`transform_output`] (one, or a [`Stack`]).
+    pub(super) stacked: bool,
     input: Taps,
     output: Taps,
 }
 
 impl Planes {
+    /// One plane per call.
     pub(super) fn new(kernel: Kernel, grid: Grid) -> Self {
+        Self::with_stacks(kernel, grid, Stack::ONE, Stack::ONE)
+    }
+
+    /// Stacks of planes per call where the transforms gather (planes narrower than
+    /// [`ROW_TILES`] tiles), one plane per call where they read rows: input planes as
+    /// `input`, output (or output-gradient) planes as `output`.
+    pub(super) fn stacked(kernel: Kernel, grid: Grid, input: Stack, output: Stack) -> Self {
+        let one = Self::new(kernel, grid);
+        let span = |s: Stack, len: usize| s.count.saturating_sub(1) * s.stride + len;
+        let fits = span(input, grid.in_len()) <= i32::MAX as usize
+            && span(output, grid.out_len()) <= i32::MAX as usize;
+        if one.by_rows() || !fits {
+            return one;
+        }
+        Self::with_stacks(kernel, grid, input, output)
+    }
+
+    fn with_stacks(kernel: Kernel, grid: Grid, input: Stack, output: Stack) -> Self {
         Self {
             kernel,
-            input: Taps::input(&grid),
-            output: Taps::output(&grid),
+            stacked: input != Stack::ONE,
+            input: Taps::new(&grid, 4, grid.pad, [grid.height, grid.width], input),
+            output: Taps::new(&grid, 2, [0, 0], grid.out, output),
             grid,
         }
     }
@@ -284,6 +329,10 @@ pub(super) fn transform_input(
     stride: usize,
 ) {
     let taps = &planes.input;
+    assert!(
+        plane.len() >= taps.extent,
+        "winograd: an input plane shorter than its taps"
+    );
     match planes.kernel {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Kernel::Avx512 is only chosen where the CPU has AVX-512F; `padded` comes from
@@ -317,6 +366,10 @@ pub(super) fn transform_input(
 /// `e[ξ·stride + t]`.
 pub(super) fn transform_output_grad(planes: &Planes, plane: &[f32], e: &mut [f32], stride: usize) {
     let taps = &planes.output;
+    assert!(
+        plane.len() >= taps.extent,
+        "winograd: a gradient plane shorter than its taps"
+    );
     match planes.kernel {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in transform_input.
@@ -348,6 +401,10 @@ pub(super) fn transform_output(
     bias: f32,
 ) {
     let taps = &planes.output;
+    assert!(
+        plane.len() >= taps.extent,
+        "winograd: an output plane shorter than its taps"
+    );
     match planes.kernel {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in transform_input.
