@@ -4,7 +4,9 @@
 use std::arch::x86_64::*;
 
 use super::POINTS;
-use super::tiles::{LANES, Lane, Taps, input_points, output_grad_points, output_values};
+use super::tiles::{
+    LANES, Lane, Taps, WINDOW, Window, input_points, output_grad_points, output_values,
+};
 
 impl Lane for __m512 {
     #[inline(always)]
@@ -37,6 +39,129 @@ unsafe fn gather(taps: &Taps, plane: &[f32], group: usize, pos: usize) -> __m512
     unsafe {
         let offsets = _mm512_loadu_si512(taps.offsets[at].as_ptr().cast());
         _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), taps.masks[at], offsets, plane.as_ptr())
+    }
+}
+
+/// The planes of `group` side by side in four registers, zero past the last plane.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `plane` must hold `window.extent()` values (checked by the
+/// callers).
+#[inline(always)]
+unsafe fn load_window(window: &Window, plane: &[f32], group: usize) -> [__m512; 4] {
+    let first = group * window.planes;
+    let present = window.count.saturating_sub(first).min(window.planes);
+    let at = |local: usize| (first + local) * window.stride;
+    let mask = |n: usize| (((1u32 << n.min(LANES)) - 1) & 0xffff) as __mmask16;
+    // SAFETY (every arm): each read lies inside one of the `present` planes, inside `plane`
+    // by the callers' check.
+    unsafe {
+        match (window.planes, window.plane_len) {
+            (1, len) => std::array::from_fn(|q| {
+                let n = len.saturating_sub(q * LANES);
+                if n == 0 {
+                    return _mm512_setzero_ps();
+                }
+                _mm512_maskz_loadu_ps(mask(n), plane.as_ptr().add(at(0) + q * LANES))
+            }),
+            (_, LANES) => std::array::from_fn(|q| {
+                if q < present {
+                    _mm512_loadu_ps(plane.as_ptr().add(at(q)))
+                } else {
+                    _mm512_setzero_ps()
+                }
+            }),
+            (_, 4) => std::array::from_fn(|q| {
+                let mut z = _mm512_setzero_ps();
+                for local in 4 * q..(4 * q + 4).min(present) {
+                    let four = _mm_loadu_ps(plane.as_ptr().add(at(local)));
+                    z = match local % 4 {
+                        0 => _mm512_insertf32x4::<0>(z, four),
+                        1 => _mm512_insertf32x4::<1>(z, four),
+                        2 => _mm512_insertf32x4::<2>(z, four),
+                        _ => _mm512_insertf32x4::<3>(z, four),
+                    };
+                }
+                z
+            }),
+            (_, len) => {
+                let mut values = [0.0f32; WINDOW];
+                for local in 0..present {
+                    values[local * len..][..len].copy_from_slice(&plane[at(local)..][..len]);
+                }
+                std::array::from_fn(|q| _mm512_loadu_ps(values.as_ptr().add(q * LANES)))
+            }
+        }
+    }
+}
+
+/// Each lane's value at its place in `window` (`places`), zero off `lanes`: a permute from
+/// each half of the window and a blend.
+#[inline(always)]
+unsafe fn pick(window: &[__m512; 4], places: &[i32; LANES], lanes: __mmask16) -> __m512 {
+    // SAFETY: only reached from functions compiled with AVX-512F; `places` is 16 i32s.
+    unsafe {
+        let places = _mm512_loadu_si512(places.as_ptr().cast());
+        let low = _mm512_permutex2var_ps(window[0], places, window[1]);
+        let high = _mm512_permutex2var_ps(window[2], places, window[3]);
+        let in_high = _mm512_test_epi32_mask(places, _mm512_set1_epi32(2 * LANES as i32));
+        _mm512_maskz_mov_ps(lanes, _mm512_mask_blend_ps(in_high, low, high))
+    }
+}
+
+/// [`transform_input`] where the taps have a [`Window`].
+///
+/// # Safety
+/// The CPU must have AVX-512F; `plane` must hold `window.extent()` values.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn transform_input_window(
+    taps: &Taps,
+    window: &Window,
+    plane: &[f32],
+    v: &mut [f32],
+    stride: usize,
+) {
+    for group in 0..taps.groups() {
+        let lanes = taps.lanes(group);
+        // SAFETY: the caller vouches for the CPU and the plane's length.
+        unsafe {
+            let values = load_window(window, plane, group);
+            let d: [__m512; POINTS] = std::array::from_fn(|pos| {
+                let at = group * taps.positions + pos;
+                pick(&values, &window.places[at], taps.masks[at])
+            });
+            for (xi, value) in input_points(d).into_iter().enumerate() {
+                store(v, xi * stride + group * LANES, lanes, value);
+            }
+        }
+    }
+}
+
+/// [`transform_output_grad`] where the taps have a [`Window`].
+///
+/// # Safety
+/// As [`transform_input_window`].
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn transform_output_grad_window(
+    taps: &Taps,
+    window: &Window,
+    plane: &[f32],
+    e: &mut [f32],
+    stride: usize,
+) {
+    for group in 0..taps.groups() {
+        let lanes = taps.lanes(group);
+        // SAFETY: as in transform_input_window.
+        unsafe {
+            let values = load_window(window, plane, group);
+            let d: [__m512; 4] = std::array::from_fn(|pos| {
+                let at = group * taps.positions + pos;
+                pick(&values, &window.places[at], taps.masks[at])
+            });
+            for (xi, value) in output_grad_points(d).into_iter().enumerate() {
+                store(e, xi * stride + group * LANES, lanes, value);
+            }
+        }
     }
 }
 

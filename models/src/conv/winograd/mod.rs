@@ -828,6 +828,14 @@ mod tests {
             ([1, 3, 16, 33], 2, [2, 2]),
             ([3, 2, 9, 16], 3, [1, 0]),
             ([1, 2, 34, 66], 2, [0, 1]),
+            // Planes that fit a window: 8×8 and 7×7 alone, 4×4 and 3×3 by 4, 2×2 by 16
+            // (the last group of 17 images with one plane), 1×2 planes by 16 (the copy).
+            ([3, 2, 8, 8], 3, [1, 1]),
+            ([2, 3, 7, 7], 2, [1, 1]),
+            ([5, 2, 4, 4], 3, [1, 1]),
+            ([3, 2, 3, 3], 2, [1, 0]),
+            ([17, 2, 2, 2], 2, [1, 1]),
+            ([17, 2, 1, 2], 2, [1, 1]),
         ];
         for ([batch, c_in, height, width], c_out, padding) in cases {
             let g = Geometry::new(

@@ -22,6 +22,35 @@ pub(super) struct Taps {
     pub(super) masks: Vec<u16>,
     /// One past the largest offset: the length the transforms' planes must have.
     pub(super) extent: usize,
+    /// Where each group's tiles lie in whole planes that fit one [`Window`] together.
+    pub(super) window: Option<Window>,
+}
+
+/// Values a [`Window`] holds: four AVX-512 registers.
+pub(super) const WINDOW: usize = 64;
+
+/// The planes of a group of 16 tiles, side by side, when they fit [`WINDOW`] values: 8×8 and
+/// 7×7 planes alone, 4×4 and 3×3 by 4, 2×2 and 1×1 by 16. The AVX-512 transforms load them
+/// into four registers and pick each position's 16 values with two permutes, not a gather
+/// (16 loads, each through the cache, on the CPUs measured).
+pub(super) struct Window {
+    /// Planes per group: the tiles of `planes` whole planes fill its 16 lanes.
+    pub(super) planes: usize,
+    /// Values in a plane.
+    pub(super) plane_len: usize,
+    /// The distance between the stack's planes, and their number.
+    pub(super) stride: usize,
+    pub(super) count: usize,
+    /// `[group][position]`: each lane's value at `places[..][lane]` in its group's window (0
+    /// where masked off).
+    pub(super) places: Vec<[i32; LANES]>,
+}
+
+impl Window {
+    /// Values of the stack a window reads: every value of its planes.
+    fn extent(&self) -> usize {
+        self.count.saturating_sub(1) * self.stride + self.plane_len
+    }
 }
 
 /// Tiles per vector.
@@ -60,6 +89,11 @@ impl Taps {
         let mut offsets = vec![[0i32; LANES]; groups * positions];
         let mut masks = vec![0u16; groups * positions];
         let mut extent = 0;
+        let plane_len = height * width;
+        let window_planes = (per_plane > 0 && LANES.is_multiple_of(per_plane))
+            .then(|| LANES / per_plane)
+            .filter(|planes| planes * plane_len <= WINDOW);
+        let mut places = vec![[0i32; LANES]; groups * positions];
         for t in 0..tiles {
             let (group, lane) = (t / LANES, t % LANES);
             let (k, tile) = (t / per_plane, t % per_plane);
@@ -80,16 +114,28 @@ impl Taps {
                         );
                         masks[at] |= 1 << lane;
                         extent = extent.max(offset + 1);
+                        if let Some(planes) = window_planes {
+                            // Below WINDOW (64): fits an i32.
+                            places[at][lane] = ((k % planes) * plane_len + y * width + x) as i32;
+                        }
                     }
                 }
             }
         }
+        let window = window_planes.map(|planes| Window {
+            planes,
+            plane_len,
+            stride: stack.stride,
+            count: stack.count,
+            places,
+        });
         Self {
             tiles,
             positions,
             offsets,
             masks,
             extent,
+            window,
         }
     }
 
@@ -338,7 +384,13 @@ pub(super) fn transform_input(
         // SAFETY: Kernel::Avx512 is only chosen where the CPU has AVX-512F; `padded` comes from
         // `planes.padded()`.
         Kernel::Avx512 => unsafe {
-            if planes.by_rows() {
+            if let Some(window) = &taps.window {
+                assert!(
+                    plane.len() >= window.extent(),
+                    "winograd: a stack of input planes shorter than its windows"
+                );
+                avx512::transform_input_window(taps, window, plane, v, stride)
+            } else if planes.by_rows() {
                 avx512::transform_input_rows(
                     &planes.grid,
                     planes.padded_shape(),
@@ -374,7 +426,13 @@ pub(super) fn transform_output_grad(planes: &Planes, plane: &[f32], e: &mut [f32
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in transform_input.
         Kernel::Avx512 => unsafe {
-            if planes.by_rows() {
+            if let Some(window) = &taps.window {
+                assert!(
+                    plane.len() >= window.extent(),
+                    "winograd: a stack of gradient planes shorter than its windows"
+                );
+                avx512::transform_output_grad_window(taps, window, plane, e, stride)
+            } else if planes.by_rows() {
                 avx512::transform_output_grad_rows(&planes.grid, plane, e, stride)
             } else {
                 avx512::transform_output_grad(taps, plane, e, stride)
