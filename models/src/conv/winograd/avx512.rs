@@ -95,6 +95,62 @@ unsafe fn load_window(window: &Window, plane: &[f32], group: usize) -> [__m512; 
     }
 }
 
+/// `window` back into the planes of `group`: the inverse of [`load_window`].
+///
+/// # Safety
+/// As [`load_window`].
+#[inline(always)]
+unsafe fn store_window(window: &Window, plane: &mut [f32], group: usize, values: [__m512; 4]) {
+    let first = group * window.planes;
+    let present = window.count.saturating_sub(first).min(window.planes);
+    let at = |local: usize| (first + local) * window.stride;
+    let mask = |n: usize| (((1u32 << n.min(LANES)) - 1) & 0xffff) as __mmask16;
+    // SAFETY (every arm): each write lies inside one of the `present` planes, inside `plane`
+    // by the callers' check.
+    unsafe {
+        match (window.planes, window.plane_len) {
+            (1, len) => {
+                for (q, value) in values.into_iter().enumerate() {
+                    let n = len.saturating_sub(q * LANES);
+                    if n > 0 {
+                        _mm512_mask_storeu_ps(
+                            plane.as_mut_ptr().add(at(0) + q * LANES),
+                            mask(n),
+                            value,
+                        );
+                    }
+                }
+            }
+            (_, LANES) => {
+                for (local, value) in values.into_iter().enumerate().take(present) {
+                    _mm512_storeu_ps(plane.as_mut_ptr().add(at(local)), value);
+                }
+            }
+            (_, 4) => {
+                for local in 0..present {
+                    let value = values[local / 4];
+                    let four = match local % 4 {
+                        0 => _mm512_extractf32x4_ps::<0>(value),
+                        1 => _mm512_extractf32x4_ps::<1>(value),
+                        2 => _mm512_extractf32x4_ps::<2>(value),
+                        _ => _mm512_extractf32x4_ps::<3>(value),
+                    };
+                    _mm_storeu_ps(plane.as_mut_ptr().add(at(local)), four);
+                }
+            }
+            (_, len) => {
+                let mut all = [0.0f32; WINDOW];
+                for (q, value) in values.into_iter().enumerate() {
+                    _mm512_storeu_ps(all.as_mut_ptr().add(q * LANES), value);
+                }
+                for local in 0..present {
+                    plane[at(local)..][..len].copy_from_slice(&all[local * len..][..len]);
+                }
+            }
+        }
+    }
+}
+
 /// Each lane's value at its place in `window` (`places`), zero off `lanes`: a permute from
 /// each half of the window and a blend.
 #[inline(always)]
@@ -161,6 +217,35 @@ pub(super) unsafe fn transform_output_grad_window(
             for (xi, value) in output_grad_points(d).into_iter().enumerate() {
                 store(e, xi * stride + group * LANES, lanes, value);
             }
+        }
+    }
+}
+
+/// [`transform_output`] where the taps have a [`Window`]: each group's 2×2 outputs placed
+/// into its window by permutes (the inverse picks, `sources`), the window stored plane by
+/// plane, instead of four scatters.
+///
+/// # Safety
+/// As [`transform_input_window`], `plane` the stack of output planes.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn transform_output_window(
+    taps: &Taps,
+    window: &Window,
+    m: &[f32],
+    stride: usize,
+    plane: &mut [f32],
+    bias: f32,
+) {
+    let bias = _mm512_set1_ps(bias);
+    for group in 0..taps.groups() {
+        let lanes = taps.lanes(group);
+        // SAFETY: as in transform_input_window; the loads are checked by `load`.
+        unsafe {
+            let points: [__m512; POINTS] =
+                std::array::from_fn(|xi| load(m, xi * stride + group * LANES, lanes));
+            let values = output_values(points, bias);
+            let placed = std::array::from_fn(|q| pick(&values, &window.sources[group][q], !0));
+            store_window(window, plane, group, placed);
         }
     }
 }

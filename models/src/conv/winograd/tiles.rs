@@ -44,6 +44,9 @@ pub(super) struct Window {
     /// `[group][position]`: each lane's value at `places[..][lane]` in its group's window (0
     /// where masked off).
     pub(super) places: Vec<[i32; LANES]>,
+    /// Output taps only, `[group][register]`: for each value of the window, the `position · 16
+    /// + lane` of the tile value that goes there (the inverse of `places`).
+    pub(super) sources: Vec<[[i32; LANES]; WINDOW / LANES]>,
 }
 
 impl Window {
@@ -94,6 +97,9 @@ impl Taps {
             .then(|| LANES / per_plane)
             .filter(|planes| planes * plane_len <= WINDOW);
         let mut places = vec![[0i32; LANES]; groups * positions];
+        // Output tiles (4 positions) cover each pixel once, so each value of the window has
+        // one source.
+        let mut sources = vec![[[0i32; LANES]; WINDOW / LANES]; if side == 2 { groups } else { 0 }];
         for t in 0..tiles {
             let (group, lane) = (t / LANES, t % LANES);
             let (k, tile) = (t / per_plane, t % per_plane);
@@ -116,7 +122,12 @@ impl Taps {
                         extent = extent.max(offset + 1);
                         if let Some(planes) = window_planes {
                             // Below WINDOW (64): fits an i32.
-                            places[at][lane] = ((k % planes) * plane_len + y * width + x) as i32;
+                            let place = (k % planes) * plane_len + y * width + x;
+                            places[at][lane] = place as i32;
+                            if side == 2 {
+                                sources[group][place / LANES][place % LANES] =
+                                    ((r * side + c) * LANES + lane) as i32;
+                            }
                         }
                     }
                 }
@@ -128,6 +139,7 @@ impl Taps {
             stride: stack.stride,
             count: stack.count,
             places,
+            sources,
         });
         Self {
             tiles,
@@ -467,7 +479,13 @@ pub(super) fn transform_output(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in transform_input.
         Kernel::Avx512 => unsafe {
-            if planes.by_rows() {
+            if let Some(window) = &taps.window {
+                assert!(
+                    plane.len() >= window.extent(),
+                    "winograd: a stack of output planes shorter than its windows"
+                );
+                avx512::transform_output_window(taps, window, m, stride, plane, bias)
+            } else if planes.by_rows() {
                 avx512::transform_output_rows(&planes.grid, m, stride, plane, bias)
             } else {
                 avx512::transform_output(taps, m, stride, plane, bias)
