@@ -357,7 +357,8 @@ fn run_on_backend<C: ClassifierConfig>(
         "cpu x {} process(es) per node",
         ctx.dist.world.local_world_size
     );
-    run::<Autodiff<Flex>, C>(&ctx, config, Default::default())
+    // On a worker of rayon's pool, where Flex's parallel ops start without a hand-off.
+    crate::cpu_pool::on_pool_worker(|| run::<Autodiff<Flex>, C>(&ctx, config, Default::default()))
 }
 
 fn print_closing<C: ClassifierConfig>(summary: &RunSummary, quickstart: bool, config: &C) {

@@ -13,6 +13,7 @@ mod app;
 pub mod check_env;
 pub mod checkpoint;
 pub mod cli;
+pub mod cpu_pool;
 pub mod cuda_setup;
 pub mod datasets;
 pub mod elastic;

@@ -6,8 +6,9 @@ use burn::tensor::{Bool, Int, Tensor};
 use models::{ImageClassifier, ResNet, ResNetConfig};
 
 /// A model family the trainer can build on any backend: implement it (one method and a name) for
-/// your model's config to train your model with `train`'s loop, CLI and launcher.
-pub trait ClassifierConfig {
+/// your model's config to train your model with `train`'s loop, CLI and launcher. `Sync`: on the
+/// CPU the loop reads it from a worker of rayon's pool ([`crate::cpu_pool`]).
+pub trait ClassifierConfig: Sync {
     /// The model on backend `B`; validation runs its inner (no-autodiff) module.
     type Model<B: AutodiffBackend>: ImageClassifier<B>
         + AutodiffModule<B, InnerModule: ImageClassifier<B::InnerBackend>>;

@@ -66,6 +66,11 @@ struct Args {
     /// `train::malloc`) or `default` (glibc's defaults).
     #[arg(long, default_value = "train")]
     malloc: String,
+    /// The thread the Flex step runs on: `pool` (a worker of rayon's global pool, as `train`
+    /// runs it: `train::cpu_pool`) or `main` (this process's main thread, each parallel op
+    /// handed to the pool and waited for).
+    #[arg(long, default_value = "pool")]
+    step_thread: String,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -130,7 +135,18 @@ fn main() -> anyhow::Result<()> {
     }
     match args.backend.as_str() {
         "flex" => {
-            run::<burn::backend::Autodiff<burn::backend::Flex>>(&args, &config, Default::default())
+            let step = || {
+                run::<burn::backend::Autodiff<burn::backend::Flex>>(
+                    &args,
+                    &config,
+                    Default::default(),
+                )
+            };
+            match args.step_thread.as_str() {
+                "pool" => train::cpu_pool::on_pool_worker(step),
+                "main" => step(),
+                other => bail!("--step-thread {other}: expected pool or main"),
+            }
         }
         "cuda" | "cuda-raw" => run_cuda(&args, &config),
         other => bail!("--backend {other}: expected flex, cuda or cuda-raw"),
