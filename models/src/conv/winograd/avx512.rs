@@ -177,20 +177,8 @@ pub(super) unsafe fn transform_input_window(
     v: &mut [f32],
     stride: usize,
 ) {
-    for group in 0..taps.groups() {
-        let lanes = taps.lanes(group);
-        // SAFETY: the caller vouches for the CPU and the plane's length.
-        unsafe {
-            let values = load_window(window, plane, group);
-            let d: [__m512; POINTS] = std::array::from_fn(|pos| {
-                let at = group * taps.positions + pos;
-                pick(&values, &window.places[at], taps.masks[at])
-            });
-            for (xi, value) in input_points(d).into_iter().enumerate() {
-                store(v, xi * stride + group * LANES, lanes, value);
-            }
-        }
-    }
+    // SAFETY: the caller vouches for the CPU and the plane's length.
+    unsafe { transform_window(taps, window, plane, v, stride, input_points::<__m512>) }
 }
 
 /// [`transform_output_grad`] where the taps have a [`Window`].
@@ -205,17 +193,35 @@ pub(super) unsafe fn transform_output_grad_window(
     e: &mut [f32],
     stride: usize,
 ) {
+    // SAFETY: as in transform_input_window.
+    unsafe { transform_window(taps, window, plane, e, stride, output_grad_points::<__m512>) }
+}
+
+/// Each group's `N` patch positions picked from its window, `points` of them stored 16 tiles
+/// per vector: point ξ of tile `t` at `out[ξ·stride + t]`.
+///
+/// # Safety
+/// As [`transform_input_window`]; inlined into the `avx512f` functions above.
+#[inline(always)]
+unsafe fn transform_window<const N: usize>(
+    taps: &Taps,
+    window: &Window,
+    plane: &[f32],
+    out: &mut [f32],
+    stride: usize,
+    points: impl Fn([__m512; N]) -> [__m512; POINTS],
+) {
     for group in 0..taps.groups() {
         let lanes = taps.lanes(group);
-        // SAFETY: as in transform_input_window.
+        // SAFETY: as in transform_input_window; the stores are checked by `store`.
         unsafe {
             let values = load_window(window, plane, group);
-            let d: [__m512; 4] = std::array::from_fn(|pos| {
+            let d = std::array::from_fn(|pos| {
                 let at = group * taps.positions + pos;
                 pick(&values, &window.places[at], taps.masks[at])
             });
-            for (xi, value) in output_grad_points(d).into_iter().enumerate() {
-                store(e, xi * stride + group * LANES, lanes, value);
+            for (xi, value) in points(d).into_iter().enumerate() {
+                store(out, xi * stride + group * LANES, lanes, value);
             }
         }
     }

@@ -75,6 +75,31 @@ fn values(len: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// A stride-1 3×3 conv of `input` (`[N, Ci, H, W]`) to `c_out` channels, with its input,
+/// weight, bias and output gradient drawn from seeds `seed` to `seed + 3`.
+struct Case {
+    g: Geometry,
+    x: Vec<f32>,
+    w: Vec<f32>,
+    bias: Vec<f32>,
+    dy: Vec<f32>,
+}
+
+impl Case {
+    fn new(input: [usize; 4], c_out: usize, padding: [usize; 2], seed: u64) -> Self {
+        let c_in = input[1];
+        let g = Geometry::new(input, [c_out, c_in, 3, 3], [1, 1], padding, [1, 1])
+            .expect("a valid conv");
+        Self {
+            x: values(input.iter().product(), seed),
+            w: values(c_out * c_in * 9, seed + 1),
+            bias: values(c_out, seed + 2),
+            dy: values(g.batch * c_out * g.pixels(), seed + 3),
+            g,
+        }
+    }
+}
+
 fn assert_close(what: &str, g: &Geometry, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what} of {g:?}: lengths differ");
     let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
@@ -97,19 +122,9 @@ fn all_three_passes_match_the_direct_conv() {
         ([2, 3, 2, 3], 2, [1, 0]),
         ([400, 1, 4, 5], 2, [1, 1]),
     ];
-    for ([batch, c_in, height, width], c_out, padding) in cases {
-        let g = Geometry::new(
-            [batch, c_in, height, width],
-            [c_out, c_in, 3, 3],
-            [1, 1],
-            padding,
-            [1, 1],
-        )
-        .expect("a valid conv");
-        let x = values(batch * c_in * height * width, 1);
-        let w = values(c_out * c_in * 9, 2);
-        let bias = values(c_out, 3);
-        let dy = values(batch * c_out * g.pixels(), 4);
+    for (input, c_out, padding) in cases {
+        let Case { g, x, w, bias, dy } = Case::new(input, c_out, padding, 1);
+        let batch = g.batch;
         let mut want = direct(&g, &x, &w);
         for (plane, b) in want.chunks_mut(g.pixels()).zip(bias.iter().cycle()) {
             plane.iter_mut().for_each(|v| *v += b);
@@ -158,19 +173,8 @@ fn the_vector_transforms_match_the_scalar_ones() {
         ([17, 2, 2, 2], 2, [1, 1]),
         ([17, 2, 1, 2], 2, [1, 1]),
     ];
-    for ([batch, c_in, height, width], c_out, padding) in cases {
-        let g = Geometry::new(
-            [batch, c_in, height, width],
-            [c_out, c_in, 3, 3],
-            [1, 1],
-            padding,
-            [1, 1],
-        )
-        .expect("a valid conv");
-        let x = values(batch * c_in * height * width, 5);
-        let w = values(c_out * c_in * 9, 6);
-        let bias = values(c_out, 7);
-        let dy = values(batch * c_out * g.pixels(), 8);
+    for (input, c_out, padding) in cases {
+        let Case { g, x, w, bias, dy } = Case::new(input, c_out, padding, 5);
         for schedule in [Schedule::ByImages, Schedule::ByPoints] {
             let both =
                 |pass: &dyn Fn(Kernel) -> Vec<f32>| (pass(Kernel::Avx512), pass(Kernel::Scalar));
