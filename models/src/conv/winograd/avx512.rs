@@ -42,6 +42,12 @@ unsafe fn gather(taps: &Taps, plane: &[f32], group: usize, pos: usize) -> __m512
     }
 }
 
+/// Lanes `0..n`: all 16 from `n = 16` on.
+#[inline(always)]
+fn first_lanes(n: usize) -> __mmask16 {
+    (((1u32 << n.min(LANES)) - 1) & 0xffff) as __mmask16
+}
+
 /// The planes of `group` side by side in four registers, zero past the last plane.
 ///
 /// # Safety
@@ -49,85 +55,89 @@ unsafe fn gather(taps: &Taps, plane: &[f32], group: usize, pos: usize) -> __m512
 /// callers).
 #[inline(always)]
 unsafe fn load_window(window: &Window, plane: &[f32], group: usize) -> [__m512; 4] {
-    let first = group * window.planes;
-    let present = window.count.saturating_sub(first).min(window.planes);
-    let at = |local: usize| (first + local) * window.stride;
-    let mask = |n: usize| (((1u32 << n.min(LANES)) - 1) & 0xffff) as __mmask16;
-    // SAFETY (every arm): each read lies inside one of the `present` planes, inside `plane`
-    // by the callers' check.
+    let start = |local: usize| window.start(group, local);
+    // Plain loops, not closures: a closure is compiled without AVX-512, and the intrinsics in
+    // it become calls.
+    // SAFETY (every arm): each read lies inside one of the group's planes, inside `plane` by
+    // the callers' check; the CPU has AVX-512F (the caller's contract).
     unsafe {
+        let mut z = [_mm512_setzero_ps(); 4];
         match (window.planes, window.plane_len) {
-            (1, len) => std::array::from_fn(|q| {
-                let n = len.saturating_sub(q * LANES);
-                if n == 0 {
-                    return _mm512_setzero_ps();
+            (1, len) => {
+                if let Some(at) = start(0) {
+                    for (q, z) in z.iter_mut().enumerate() {
+                        let n = len.saturating_sub(q * LANES);
+                        if n > 0 {
+                            let from = plane.as_ptr().add(at + q * LANES);
+                            *z = _mm512_maskz_loadu_ps(first_lanes(n), from);
+                        }
+                    }
                 }
-                _mm512_maskz_loadu_ps(mask(n), plane.as_ptr().add(at(0) + q * LANES))
-            }),
-            (_, LANES) => std::array::from_fn(|q| {
-                if q < present {
-                    _mm512_loadu_ps(plane.as_ptr().add(at(q)))
-                } else {
-                    _mm512_setzero_ps()
+            }
+            (_, LANES) => {
+                for (q, z) in z.iter_mut().enumerate() {
+                    let Some(at) = start(q) else { break };
+                    *z = _mm512_loadu_ps(plane.as_ptr().add(at));
                 }
-            }),
-            (_, 4) => std::array::from_fn(|q| {
-                let mut z = _mm512_setzero_ps();
-                for local in 4 * q..(4 * q + 4).min(present) {
-                    let four = _mm_loadu_ps(plane.as_ptr().add(at(local)));
-                    z = match local % 4 {
-                        0 => _mm512_insertf32x4::<0>(z, four),
-                        1 => _mm512_insertf32x4::<1>(z, four),
-                        2 => _mm512_insertf32x4::<2>(z, four),
-                        _ => _mm512_insertf32x4::<3>(z, four),
+            }
+            (planes, 4) => {
+                for local in 0..planes {
+                    let Some(at) = start(local) else { break };
+                    let four = _mm_loadu_ps(plane.as_ptr().add(at));
+                    let q = local / 4;
+                    z[q] = match local % 4 {
+                        0 => _mm512_insertf32x4::<0>(z[q], four),
+                        1 => _mm512_insertf32x4::<1>(z[q], four),
+                        2 => _mm512_insertf32x4::<2>(z[q], four),
+                        _ => _mm512_insertf32x4::<3>(z[q], four),
                     };
                 }
-                z
-            }),
-            (_, len) => {
+            }
+            (planes, len) => {
                 let mut values = [0.0f32; WINDOW];
-                for local in 0..present {
-                    values[local * len..][..len].copy_from_slice(&plane[at(local)..][..len]);
+                for local in 0..planes {
+                    let Some(at) = start(local) else { break };
+                    values[local * len..][..len].copy_from_slice(&plane[at..][..len]);
                 }
-                std::array::from_fn(|q| _mm512_loadu_ps(values.as_ptr().add(q * LANES)))
+                for (q, z) in z.iter_mut().enumerate() {
+                    *z = _mm512_loadu_ps(values.as_ptr().add(q * LANES));
+                }
             }
         }
+        z
     }
 }
 
-/// `window` back into the planes of `group`: the inverse of [`load_window`].
+/// `values` back into the planes of `group`: the inverse of [`load_window`].
 ///
 /// # Safety
 /// As [`load_window`].
 #[inline(always)]
 unsafe fn store_window(window: &Window, plane: &mut [f32], group: usize, values: [__m512; 4]) {
-    let first = group * window.planes;
-    let present = window.count.saturating_sub(first).min(window.planes);
-    let at = |local: usize| (first + local) * window.stride;
-    let mask = |n: usize| (((1u32 << n.min(LANES)) - 1) & 0xffff) as __mmask16;
-    // SAFETY (every arm): each write lies inside one of the `present` planes, inside `plane`
-    // by the callers' check.
+    let start = |local: usize| window.start(group, local);
+    // SAFETY (every arm): each write lies inside one of the group's planes, inside `plane` by
+    // the callers' check.
     unsafe {
         match (window.planes, window.plane_len) {
             (1, len) => {
+                let Some(at) = start(0) else { return };
                 for (q, value) in values.into_iter().enumerate() {
                     let n = len.saturating_sub(q * LANES);
                     if n > 0 {
-                        _mm512_mask_storeu_ps(
-                            plane.as_mut_ptr().add(at(0) + q * LANES),
-                            mask(n),
-                            value,
-                        );
+                        let to = plane.as_mut_ptr().add(at + q * LANES);
+                        _mm512_mask_storeu_ps(to, first_lanes(n), value);
                     }
                 }
             }
-            (_, LANES) => {
-                for (local, value) in values.into_iter().enumerate().take(present) {
-                    _mm512_storeu_ps(plane.as_mut_ptr().add(at(local)), value);
+            (planes, LANES) => {
+                for (local, value) in values.into_iter().enumerate().take(planes) {
+                    let Some(at) = start(local) else { break };
+                    _mm512_storeu_ps(plane.as_mut_ptr().add(at), value);
                 }
             }
-            (_, 4) => {
-                for local in 0..present {
+            (planes, 4) => {
+                for local in 0..planes {
+                    let Some(at) = start(local) else { break };
                     let value = values[local / 4];
                     let four = match local % 4 {
                         0 => _mm512_extractf32x4_ps::<0>(value),
@@ -135,16 +145,17 @@ unsafe fn store_window(window: &Window, plane: &mut [f32], group: usize, values:
                         2 => _mm512_extractf32x4_ps::<2>(value),
                         _ => _mm512_extractf32x4_ps::<3>(value),
                     };
-                    _mm_storeu_ps(plane.as_mut_ptr().add(at(local)), four);
+                    _mm_storeu_ps(plane.as_mut_ptr().add(at), four);
                 }
             }
-            (_, len) => {
+            (planes, len) => {
                 let mut all = [0.0f32; WINDOW];
                 for (q, value) in values.into_iter().enumerate() {
                     _mm512_storeu_ps(all.as_mut_ptr().add(q * LANES), value);
                 }
-                for local in 0..present {
-                    plane[at(local)..][..len].copy_from_slice(&all[local * len..][..len]);
+                for local in 0..planes {
+                    let Some(at) = start(local) else { break };
+                    plane[at..][..len].copy_from_slice(&all[local * len..][..len]);
                 }
             }
         }
@@ -165,95 +176,20 @@ unsafe fn pick(window: &[__m512; 4], places: &[i32; LANES], lanes: __mmask16) ->
     }
 }
 
-/// [`transform_input`] where the taps have a [`Window`].
-///
-/// # Safety
-/// The CPU must have AVX-512F; `plane` must hold `window.extent()` values.
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn transform_input_window(
-    taps: &Taps,
-    window: &Window,
-    plane: &[f32],
-    v: &mut [f32],
-    stride: usize,
-) {
-    // SAFETY: the caller vouches for the CPU and the plane's length.
-    unsafe { transform_window(taps, window, plane, v, stride, input_points::<__m512>) }
-}
-
-/// [`transform_output_grad`] where the taps have a [`Window`].
-///
-/// # Safety
-/// As [`transform_input_window`].
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn transform_output_grad_window(
-    taps: &Taps,
-    window: &Window,
-    plane: &[f32],
-    e: &mut [f32],
-    stride: usize,
-) {
-    // SAFETY: as in transform_input_window.
-    unsafe { transform_window(taps, window, plane, e, stride, output_grad_points::<__m512>) }
-}
-
-/// Each group's `N` patch positions picked from its window, `points` of them stored 16 tiles
-/// per vector: point ξ of tile `t` at `out[ξ·stride + t]`.
-///
-/// # Safety
-/// As [`transform_input_window`]; inlined into the `avx512f` functions above.
+/// The 2×2 outputs of `group`'s tiles (16 per vector, zero off `lanes`) from their 16 points
+/// in `m` (point ξ of tile `t` at `m[ξ·stride + t]`), plus `bias`.
 #[inline(always)]
-unsafe fn transform_window<const N: usize>(
-    taps: &Taps,
-    window: &Window,
-    plane: &[f32],
-    out: &mut [f32],
-    stride: usize,
-    points: impl Fn([__m512; N]) -> [__m512; POINTS],
-) {
-    for group in 0..taps.groups() {
-        let lanes = taps.lanes(group);
-        // SAFETY: as in transform_input_window; the stores are checked by `store`.
-        unsafe {
-            let values = load_window(window, plane, group);
-            let d = std::array::from_fn(|pos| {
-                let at = group * taps.positions + pos;
-                pick(&values, &window.places[at], taps.masks[at])
-            });
-            for (xi, value) in points(d).into_iter().enumerate() {
-                store(out, xi * stride + group * LANES, lanes, value);
-            }
-        }
-    }
-}
-
-/// [`transform_output`] where the taps have a [`Window`]: each group's 2×2 outputs placed
-/// into its window by permutes (the inverse picks, `sources`), the window stored plane by
-/// plane, instead of four scatters.
-///
-/// # Safety
-/// As [`transform_input_window`], `plane` the stack of output planes.
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn transform_output_window(
-    taps: &Taps,
-    window: &Window,
+unsafe fn group_outputs(
     m: &[f32],
     stride: usize,
-    plane: &mut [f32],
-    bias: f32,
-) {
-    let bias = _mm512_set1_ps(bias);
-    for group in 0..taps.groups() {
-        let lanes = taps.lanes(group);
-        // SAFETY: as in transform_input_window; the loads are checked by `load`.
-        unsafe {
-            let points: [__m512; POINTS] =
-                std::array::from_fn(|xi| load(m, xi * stride + group * LANES, lanes));
-            let values = output_values(points, bias);
-            let placed = std::array::from_fn(|q| pick(&values, &window.sources[group][q], !0));
-            store_window(window, plane, group, placed);
-        }
-    }
+    group: usize,
+    lanes: __mmask16,
+    bias: __m512,
+) -> [__m512; 4] {
+    // SAFETY: only reached from functions compiled with AVX-512F; the loads are checked by
+    // `load`.
+    let points = std::array::from_fn(|xi| unsafe { load(m, xi * stride + group * LANES, lanes) });
+    output_values(points, bias)
 }
 
 /// `len` values from `at` in `v`: a 16-lane store, masked to `lanes`.
@@ -274,17 +210,44 @@ unsafe fn load(m: &[f32], at: usize, lanes: __mmask16) -> __m512 {
     unsafe { _mm512_maskz_loadu_ps(lanes, m.as_ptr().add(at)) }
 }
 
+/// Position `pos` of `group`'s tiles' patches, 16 tiles per vector, zero off the plane: picked
+/// from the group's [`Window`] where the taps have one, gathered otherwise.
+///
+/// # Safety
+/// As [`transform_input`].
+#[inline(always)]
+unsafe fn patches<const N: usize>(taps: &Taps, plane: &[f32], group: usize) -> [__m512; N] {
+    // SAFETY: only reached from functions compiled with AVX-512F; the caller vouches for the
+    // plane (its windows' extent where the taps have them).
+    unsafe {
+        match &taps.window {
+            Some(window) => {
+                // A loop, not `from_fn`'s closure (see `load_window`).
+                let values = load_window(window, plane, group);
+                let mut d = [_mm512_setzero_ps(); N];
+                for (pos, d) in d.iter_mut().enumerate() {
+                    let at = group * taps.positions + pos;
+                    *d = pick(&values, &window.places[at], taps.masks[at]);
+                }
+                d
+            }
+            None => std::array::from_fn(|pos| gather(taps, plane, group, pos)),
+        }
+    }
+}
+
 /// See [`super::tiles::transform_input`].
 ///
 /// # Safety
-/// The CPU must have AVX-512F; `plane` must be the plane `taps` was built for.
+/// The CPU must have AVX-512F; `plane` must be the plane (or stack) `taps` was built for,
+/// `window.extent()` long where the taps have a [`Window`].
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn transform_input(taps: &Taps, plane: &[f32], v: &mut [f32], stride: usize) {
     for group in 0..taps.groups() {
         let lanes = taps.lanes(group);
-        // SAFETY: the caller vouches for the CPU and the plane.
+        // SAFETY: the caller vouches for the CPU and the plane; `store` checks its bounds.
         unsafe {
-            let d: [__m512; POINTS] = std::array::from_fn(|pos| gather(taps, plane, group, pos));
+            let d = patches::<POINTS>(taps, plane, group);
             for (xi, value) in input_points(d).into_iter().enumerate() {
                 store(v, xi * stride + group * LANES, lanes, value);
             }
@@ -307,7 +270,7 @@ pub(super) unsafe fn transform_output_grad(
         let lanes = taps.lanes(group);
         // SAFETY: as in transform_input.
         unsafe {
-            let d: [__m512; 4] = std::array::from_fn(|pos| gather(taps, plane, group, pos));
+            let d = patches::<4>(taps, plane, group);
             for (xi, value) in output_grad_points(d).into_iter().enumerate() {
                 store(e, xi * stride + group * LANES, lanes, value);
             }
@@ -315,10 +278,12 @@ pub(super) unsafe fn transform_output_grad(
     }
 }
 
-/// See [`super::tiles::transform_output`].
+/// See [`super::tiles::transform_output`]. Where the taps have a [`Window`], each group's
+/// 2×2 outputs are placed into it by permutes (the inverse picks, `sources`) and stored plane
+/// by plane; otherwise scattered.
 ///
 /// # Safety
-/// As [`transform_input`], `plane` the output plane `taps` was built for.
+/// As [`transform_input`], `plane` the output plane (or stack) `taps` was built for.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn transform_output(
     taps: &Taps,
@@ -332,9 +297,16 @@ pub(super) unsafe fn transform_output(
         let lanes = taps.lanes(group);
         // SAFETY: as in transform_input; every unmasked offset lies inside `plane`.
         unsafe {
-            let points: [__m512; POINTS] =
-                std::array::from_fn(|xi| load(m, xi * stride + group * LANES, lanes));
-            for (pos, value) in output_values(points, bias).into_iter().enumerate() {
+            let values = group_outputs(m, stride, group, lanes, bias);
+            if let Some(window) = &taps.window {
+                let mut placed = [_mm512_setzero_ps(); 4];
+                for (placed, sources) in placed.iter_mut().zip(&window.sources[group]) {
+                    *placed = pick(&values, sources, !0);
+                }
+                store_window(window, plane, group, placed);
+                continue;
+            }
+            for (pos, value) in values.into_iter().enumerate() {
                 let at = group * taps.positions + pos;
                 let offsets = _mm512_loadu_si512(taps.offsets[at].as_ptr().cast());
                 _mm512_mask_i32scatter_ps::<4>(plane.as_mut_ptr(), taps.masks[at], offsets, value);

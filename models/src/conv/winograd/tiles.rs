@@ -54,6 +54,13 @@ impl Window {
     fn extent(&self) -> usize {
         self.count.saturating_sub(1) * self.stride + self.plane_len
     }
+
+    /// Where plane `local` of `group` starts in the stack; `None` past the stack's last plane
+    /// (the last group may hold fewer than `planes`).
+    pub(super) fn start(&self, group: usize, local: usize) -> Option<usize> {
+        let index = group * self.planes + local;
+        (local < self.planes && index < self.count).then(|| index * self.stride)
+    }
 }
 
 /// Tiles per vector.
@@ -149,6 +156,14 @@ impl Taps {
             extent,
             window,
         }
+    }
+
+    /// The length a plane (or stack) must have: past every tap, and every value of its planes
+    /// where the AVX-512 transforms read whole planes ([`Window`]).
+    fn required_len(&self) -> usize {
+        self.window
+            .as_ref()
+            .map_or(self.extent, |window| window.extent().max(self.extent))
     }
 
     pub(super) fn groups(&self) -> usize {
@@ -388,7 +403,7 @@ pub(super) fn transform_input(
 ) {
     let taps = &planes.input;
     assert!(
-        plane.len() >= taps.extent,
+        plane.len() >= taps.required_len(),
         "winograd: an input plane shorter than its taps"
     );
     match planes.kernel {
@@ -396,13 +411,7 @@ pub(super) fn transform_input(
         // SAFETY: Kernel::Avx512 is only chosen where the CPU has AVX-512F; `padded` comes from
         // `planes.padded()`.
         Kernel::Avx512 => unsafe {
-            if let Some(window) = &taps.window {
-                assert!(
-                    plane.len() >= window.extent(),
-                    "winograd: a stack of input planes shorter than its windows"
-                );
-                avx512::transform_input_window(taps, window, plane, v, stride)
-            } else if planes.by_rows() {
+            if planes.by_rows() && taps.window.is_none() {
                 avx512::transform_input_rows(
                     &planes.grid,
                     planes.padded_shape(),
@@ -431,20 +440,14 @@ pub(super) fn transform_input(
 pub(super) fn transform_output_grad(planes: &Planes, plane: &[f32], e: &mut [f32], stride: usize) {
     let taps = &planes.output;
     assert!(
-        plane.len() >= taps.extent,
+        plane.len() >= taps.required_len(),
         "winograd: a gradient plane shorter than its taps"
     );
     match planes.kernel {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in transform_input.
         Kernel::Avx512 => unsafe {
-            if let Some(window) = &taps.window {
-                assert!(
-                    plane.len() >= window.extent(),
-                    "winograd: a stack of gradient planes shorter than its windows"
-                );
-                avx512::transform_output_grad_window(taps, window, plane, e, stride)
-            } else if planes.by_rows() {
+            if planes.by_rows() && taps.window.is_none() {
                 avx512::transform_output_grad_rows(&planes.grid, plane, e, stride)
             } else {
                 avx512::transform_output_grad(taps, plane, e, stride)
@@ -472,20 +475,14 @@ pub(super) fn transform_output(
 ) {
     let taps = &planes.output;
     assert!(
-        plane.len() >= taps.extent,
+        plane.len() >= taps.required_len(),
         "winograd: an output plane shorter than its taps"
     );
     match planes.kernel {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in transform_input.
         Kernel::Avx512 => unsafe {
-            if let Some(window) = &taps.window {
-                assert!(
-                    plane.len() >= window.extent(),
-                    "winograd: a stack of output planes shorter than its windows"
-                );
-                avx512::transform_output_window(taps, window, m, stride, plane, bias)
-            } else if planes.by_rows() {
+            if planes.by_rows() && taps.window.is_none() {
                 avx512::transform_output_rows(&planes.grid, m, stride, plane, bias)
             } else {
                 avx512::transform_output(taps, m, stride, plane, bias)
