@@ -556,7 +556,7 @@ fn tiled_conv(
     y
 }
 
-/// Which kernel [`transform_weight`] transforms.
+/// Which matrices [`TransformedWeight::point`] gives.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Pass {
     /// `U[ξ][o][i]` from `g[o][i]`.
@@ -569,57 +569,59 @@ thread_local! {
     static WEIGHT_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
-/// The transformed weights `U = G g Gᵀ`: 16 matrices `[rows, cols]` (see [`Pass`]), stored
-/// row by row with a row's 16 points side by side, so that one pass over the kernels writes
-/// them, each row in parallel.
+/// The transformed weights `U = G g Gᵀ`: 16 matrices `[Co, Ci]`, stored row by row with a
+/// row's 16 points side by side, so that one pass over the kernels, in order, writes them, each
+/// row in parallel. The input gradient's matrices (see [`Pass`]) are views of the same values.
 struct TransformedWeight {
     data: Scratch,
-    cols: usize,
+    c_in: usize,
     row_stride: usize,
+    pass: Pass,
 }
 
 impl TransformedWeight {
     /// `[Co, Ci, 3, 3]` weights transformed for `pass`.
     fn new(weight: &[f32], c_out: usize, c_in: usize, pass: Pass) -> Self {
-        let (n_rows, cols) = match pass {
-            Pass::Forward => (c_out, c_in),
-            Pass::InputGrad => (c_in, c_out),
-        };
         // One cache line more than the 16 points: rows 16·2ᵏ floats apart would share cache
         // sets when gemm packs them.
-        let row_stride = POINTS * cols + 16;
-        let mut data = Scratch::take(&WEIGHT_SCRATCH, n_rows * row_stride);
+        let row_stride = POINTS * c_in + 16;
+        let mut data = Scratch::take(&WEIGHT_SCRATCH, c_out * row_stride);
         data.par_chunks_mut(row_stride)
+            .take(c_out)
             .enumerate()
-            .for_each(|(r, row)| {
-                for c in 0..cols {
-                    let (o, i) = match pass {
-                        Pass::Forward => (r, c),
-                        Pass::InputGrad => (c, r),
-                    };
+            .for_each(|(o, row)| {
+                for i in 0..c_in {
                     let k = &weight[(o * c_in + i) * 9..][..9];
-                    let tap = |a: usize, b: usize| match pass {
-                        Pass::Forward => k[a * 3 + b],
-                        Pass::InputGrad => k[(2 - a) * 3 + (2 - b)],
-                    };
                     let points = kernel_transform(std::array::from_fn(|a| {
-                        std::array::from_fn(|b| tap(a, b))
+                        [k[a * 3], k[a * 3 + 1], k[a * 3 + 2]]
                     }));
                     for (xi, value) in points.into_iter().enumerate() {
-                        row[xi * cols + c] = value;
+                        row[xi * c_in + i] = value;
                     }
                 }
             });
         Self {
             data,
-            cols,
+            c_in,
             row_stride,
+            pass,
         }
     }
 
-    /// `U[ξ]`, `[rows, cols]`, for the GEMMs.
+    /// `U[ξ]` for the GEMMs: `[Co, Ci]` for the forward pass; for the input gradient `[Ci, Co]`,
+    /// the rotated kernels' point ξ. Rotating a kernel reverses its rows and columns, and
+    /// `G J = Q G` (`J` reverses 3 values, `Q` swaps rows 0 and 3 of `G`), so its transform is
+    /// `Q U Qᵀ`: point `(a, b)` is `U`'s point `(q(a), q(b))`, `q = [3, 1, 2, 0]`, read
+    /// transposed.
     fn point(&self, xi: usize) -> Mat<*const f32> {
-        rows(&self.data[xi * self.cols..], self.row_stride)
+        match self.pass {
+            Pass::Forward => rows(&self.data[xi * self.c_in..], self.row_stride),
+            Pass::InputGrad => {
+                const Q: [usize; 4] = [3, 1, 2, 0];
+                let source = Q[xi / 4] * 4 + Q[xi % 4];
+                transposed(&self.data[source * self.c_in..], self.row_stride)
+            }
+        }
     }
 }
 
