@@ -10,7 +10,8 @@
 //! last. [`generate`] returns at once when the marker matches the configuration; otherwise it
 //! writes the whole set into a temporary sibling folder and renames it into place, so readers
 //! never see half a dataset and several writers (processes of one job, nodes sharing a file
-//! system) never mix their files: the first rename wins and the others discard their copy.
+//! system) never mix their files: the first rename wins and the others discard their copy. An
+//! older or incomplete set in the way is renamed aside, then deleted.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -164,29 +165,47 @@ pub fn generate(
         reused: true,
         ..summary.clone()
     };
-    // Another writer finished first: keep its set.
-    if is_complete(root, cfg) {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Ok(reused);
-    }
-    // An older or incomplete set: replace it.
-    if root.exists() {
-        std::fs::remove_dir_all(root).map_err(write_err(root))?;
-    }
-    match std::fs::rename(&tmp, root) {
-        Ok(()) => Ok(summary),
-        Err(source) => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            if is_complete(root, cfg) {
-                Ok(reused)
-            } else {
-                Err(DataError::Write {
+    // Into place by renames only, so that concurrent writers and readers never see a set half
+    // removed: the first complete set to land wins, and an older or incomplete set in the way
+    // is renamed aside before it is deleted. Each writer moves one aside at most a few times.
+    let mut moves_left = 3;
+    let placed = loop {
+        let source = match std::fs::rename(&tmp, root) {
+            Ok(()) => break Ok(summary),
+            Err(source) => source,
+        };
+        if is_complete(root, cfg) {
+            break Ok(reused);
+        }
+        if moves_left == 0 {
+            break Err(DataError::Write {
+                path: root.to_path_buf(),
+                source,
+            });
+        }
+        moves_left -= 1;
+        let aside = parent.join(format!(
+            ".{name}.old-{}-{writer}-{nanos}",
+            std::process::id()
+        ));
+        match std::fs::rename(root, &aside) {
+            Ok(()) => {
+                let _ = std::fs::remove_dir_all(&aside);
+            }
+            // Another writer moved it first.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                break Err(DataError::Write {
                     path: root.to_path_buf(),
                     source,
-                })
+                });
             }
         }
+    };
+    if !matches!(placed, Ok(SyntheticSummary { reused: false, .. })) {
+        let _ = std::fs::remove_dir_all(&tmp);
     }
+    placed
 }
 
 /// Whether `root` holds a complete set generated with `cfg` (its marker, written last, matches).
