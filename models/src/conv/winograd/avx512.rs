@@ -5,7 +5,7 @@ use std::arch::x86_64::*;
 
 use super::POINTS;
 use super::tiles::{
-    LANES, Lane, Taps, WINDOW, Window, input_points, output_grad_points, output_values,
+    LANES, Lane, Taps, WINDOW, Window, first_lanes, input_points, output_grad_points, output_values,
 };
 
 impl Lane for __m512 {
@@ -40,12 +40,6 @@ unsafe fn gather(taps: &Taps, plane: &[f32], group: usize, pos: usize) -> __m512
         let offsets = _mm512_loadu_si512(taps.offsets[at].as_ptr().cast());
         _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), taps.masks[at], offsets, plane.as_ptr())
     }
-}
-
-/// Lanes `0..n`: all 16 from `n = 16` on.
-#[inline(always)]
-fn first_lanes(n: usize) -> __mmask16 {
-    (((1u32 << n.min(LANES)) - 1) & 0xffff) as __mmask16
 }
 
 /// The planes of `group` side by side in four registers, zero past the last plane.
@@ -356,7 +350,7 @@ pub(super) unsafe fn transform_input_rows(
     }
     for i in 0..th {
         for j0 in (0..tw).step_by(LANES) {
-            let lanes = (((1u32 << (tw - j0).min(LANES)) - 1) & 0xffff) as __mmask16;
+            let lanes = first_lanes(tw - j0);
             let mut d = [_mm512_setzero_ps(); POINTS];
             for r in 0..4 {
                 let at = (2 * i + r) * width + 2 * j0;
@@ -403,7 +397,7 @@ pub(super) unsafe fn transform_output_rows(
     let second_half = _mm512_add_epi32(first_half, _mm512_set1_epi32(8));
     for i in 0..th {
         for j0 in (0..tw).step_by(LANES) {
-            let lanes = (((1u32 << (tw - j0).min(LANES)) - 1) & 0xffff) as __mmask16;
+            let lanes = first_lanes(tw - j0);
             // SAFETY: loads masked to the row's tiles, inside `m` (asserted by `load`).
             let points: [__m512; POINTS] =
                 std::array::from_fn(|xi| unsafe { load(m, xi * stride + i * tw + j0, lanes) });
@@ -415,14 +409,17 @@ pub(super) unsafe fn transform_output_rows(
                 let col = 2 * j0;
                 let count = (out_w - col).min(2 * LANES);
                 let row = &mut plane[r * out_w + col..][..count];
-                let mask = |n: usize| (((1u32 << n.min(LANES)) - 1) & 0xffff) as __mmask16;
                 // SAFETY: each store is masked to `row`'s length.
                 unsafe {
                     let lo = _mm512_permutex2var_ps(left, first_half, right);
-                    _mm512_mask_storeu_ps(row.as_mut_ptr(), mask(count), lo);
+                    _mm512_mask_storeu_ps(row.as_mut_ptr(), first_lanes(count), lo);
                     if count > LANES {
                         let hi = _mm512_permutex2var_ps(left, second_half, right);
-                        _mm512_mask_storeu_ps(row.as_mut_ptr().add(LANES), mask(count - LANES), hi);
+                        _mm512_mask_storeu_ps(
+                            row.as_mut_ptr().add(LANES),
+                            first_lanes(count - LANES),
+                            hi,
+                        );
                     }
                 }
             }
@@ -446,10 +443,9 @@ pub(super) unsafe fn transform_output_grad_rows(
     let [th, tw] = grid.tiles;
     let [out_h, out_w] = grid.out;
     assert!(plane.len() >= out_h * out_w);
-    let mask = |n: usize| (((1u32 << n.min(LANES)) - 1) & 0xffff) as __mmask16;
     for i in 0..th {
         for j0 in (0..tw).step_by(LANES) {
-            let lanes = mask(tw - j0);
+            let lanes = first_lanes(tw - j0);
             let mut d = [_mm512_setzero_ps(); 4];
             for r in 0..2 {
                 let y = 2 * i + r;
@@ -461,9 +457,9 @@ pub(super) unsafe fn transform_output_grad_rows(
                 let row = &plane[y * out_w + col..][..count];
                 // SAFETY: each load is masked to `row`'s length.
                 unsafe {
-                    let lo = _mm512_maskz_loadu_ps(mask(count), row.as_ptr());
+                    let lo = _mm512_maskz_loadu_ps(first_lanes(count), row.as_ptr());
                     let hi = if count > LANES {
-                        _mm512_maskz_loadu_ps(mask(count - LANES), row.as_ptr().add(LANES))
+                        _mm512_maskz_loadu_ps(first_lanes(count - LANES), row.as_ptr().add(LANES))
                     } else {
                         _mm512_setzero_ps()
                     };

@@ -587,7 +587,6 @@ impl TransformedWeight {
         let row_stride = POINTS * c_in + 16;
         let mut data = Scratch::take(&WEIGHT_SCRATCH, c_out * row_stride);
         data.par_chunks_mut(row_stride)
-            .take(c_out)
             .enumerate()
             .for_each(|(o, row)| {
                 for i in 0..c_in {

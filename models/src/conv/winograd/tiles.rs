@@ -103,10 +103,12 @@ impl Taps {
         let window_planes = (per_plane > 0 && LANES.is_multiple_of(per_plane))
             .then(|| LANES / per_plane)
             .filter(|planes| planes * plane_len <= WINDOW);
-        let mut places = vec![[0i32; LANES]; groups * positions];
+        let with_window = |len: usize| if window_planes.is_some() { len } else { 0 };
+        let mut places = vec![[0i32; LANES]; with_window(groups * positions)];
         // Output tiles (4 positions) cover each pixel once, so each value of the window has
         // one source.
-        let mut sources = vec![[[0i32; LANES]; WINDOW / LANES]; if side == 2 { groups } else { 0 }];
+        let mut sources =
+            vec![[[0i32; LANES]; WINDOW / LANES]; with_window(if side == 2 { groups } else { 0 })];
         for t in 0..tiles {
             let (group, lane) = (t / LANES, t % LANES);
             let (k, tile) = (t / per_plane, t % per_plane);
@@ -172,9 +174,14 @@ impl Taps {
 
     /// Lanes of `group` that hold tiles: all 16 but in the last group.
     pub(super) fn lanes(&self, group: usize) -> u16 {
-        let n = (self.tiles - group * LANES).min(LANES);
-        ((1u32 << n) - 1) as u16
+        first_lanes(self.tiles - group * LANES)
     }
+}
+
+/// Lanes `0..n` as a mask: all 16 from `n = 16` on.
+#[inline(always)]
+pub(super) fn first_lanes(n: usize) -> u16 {
+    ((1u32 << n.min(LANES)) - 1) as u16
 }
 
 /// How the per-plane transforms run: 16 tiles per AVX-512 vector, or one tile at a time (the
