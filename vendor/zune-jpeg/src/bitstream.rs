@@ -870,6 +870,57 @@ impl BitStream {
         self.spec_end = spec_end;
     }
 
+    /// Where the next unread bit is, as `byte << 3 | bit` (the byte of the file holding it and
+    /// how many of that byte's high bits were read), for a [`crate::ScanIndex`] mark. `None`
+    /// once the buffer holds bits from past a marker or the end of the data.
+    ///
+    /// The buffer holds the last `bits_left` bits the refills loaded; walking back over the
+    /// bytes they came from (a stuffed `FF 00` is one byte of data) finds the first one.
+    ///
+    /// Not in upstream zune-jpeg.
+    pub(crate) fn next_bit_position<T>(&self, reader: &mut ZReader<T>) -> Option<u32>
+    where
+        T: ZByteReaderTrait
+    {
+        if self.marker.is_some() || self.overread_by > 0 || self.seen_eoi {
+            return None;
+        }
+        let end = usize::try_from(reader.position().ok()?).ok()?;
+        let bytes = usize::from(self.bits_left).div_ceil(8);
+        let read_bits = bytes * 8 - usize::from(self.bits_left);
+        let mut pos = end;
+        for _ in 0..bytes {
+            let stuffed = pos >= 2 && {
+                reader.set_position(pos - 2).ok()?;
+                reader.read_fixed_bytes_or_error::<2>().ok()? == [0xFF, 0x00]
+            };
+            pos = pos.checked_sub(if stuffed { 2 } else { 1 })?;
+        }
+        reader.set_position(end).ok()?;
+        let pos = u32::try_from(pos).ok().filter(|p| *p < (u32::MAX >> 3))?;
+        Some(pos << 3 | read_bits as u32)
+    }
+
+    /// Continues reading at a position [`Self::next_bit_position`] gave.
+    ///
+    /// Not in upstream zune-jpeg.
+    pub(crate) fn seek_to_bit<T>(
+        &mut self, reader: &mut ZReader<T>, position: u32
+    ) -> Result<(), DecodeErrors>
+    where
+        T: ZByteReaderTrait
+    {
+        self.reset();
+        self.overread_by = 0;
+        self.seen_eoi = false;
+        reader
+            .set_position((position >> 3) as usize)
+            .map_err(|_| DecodeErrors::FormatStatic("Scan index points past the data"))?;
+        self.refill(reader)?;
+        self.drop_bits((position & 7) as u8);
+        Ok(())
+    }
+
     /// Reset the stream if we have a restart marker
     ///
     /// Restart markers indicate drop those bits in the stream and zero out

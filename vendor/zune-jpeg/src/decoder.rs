@@ -29,6 +29,7 @@ use crate::huffman::HuffmanTable;
 use crate::idct::{choose_idct_func, choose_idct_1x1_func, choose_idct_4x4_func};
 use crate::marker::Marker;
 use crate::misc::SOFMarkers;
+use crate::scan_index::ScanIndex;
 use crate::upsampler::{
     choose_horizontal_samp_function, choose_hv_samp_function, choose_v_samp_function,
     generic_sampler, upsample_no_op
@@ -162,6 +163,10 @@ pub struct JpegDecoder<T> {
     pub(crate) region: Option<(usize, usize, usize, usize)>,
     /// The denominator [`JpegDecoder::set_scale`] asked for. Not in upstream zune-jpeg.
     pub(crate) scale: usize,
+    /// Whether to use and extend a [`ScanIndex`], and the index; see
+    /// [`JpegDecoder::use_scan_index`]. Not in upstream zune-jpeg.
+    pub(crate) index_scan: bool,
+    pub(crate) scan_index: Option<ScanIndex>,
 }
 
 impl<T> JpegDecoder<T>
@@ -210,6 +215,8 @@ where
             extended_xmp_segments: vec![],
             region:            None,
             scale:             1,
+            index_scan:        false,
+            scan_index:        None,
         }
     }
     /// Restricts decoding to the pixels in `left..left + width` × `top..top + height`.
@@ -226,6 +233,30 @@ where
     /// upstream zune-jpeg.
     pub fn set_region(&mut self, left: usize, top: usize, width: usize, height: usize) {
         self.region = Some((left, top, left.saturating_add(width), top.saturating_add(height)));
+    }
+
+    /// Marks entry points into the scan as the decode passes them and, with a region, starts
+    /// entropy decoding at the marks of an earlier decode of the same file: each MCU row of
+    /// the region at the mark left of it, and the next row at its own mark once the region's
+    /// columns are out. Rows above the region and columns beside it are then not read at all.
+    /// `previous` is the index [`Self::take_scan_index`] returned after an earlier decode of
+    /// the same bytes; an index of another scan (its data start, size or MCU grid differ) is
+    /// dropped and a new one begun. The pixels are the same with or without an index.
+    ///
+    /// Applies where regions do (baseline, all components in the first scan) and only without
+    /// restart markers and at scale 1; other decodes return `previous` unchanged.
+    ///
+    /// Not in upstream zune-jpeg.
+    pub fn use_scan_index(&mut self, previous: Option<ScanIndex>) {
+        self.index_scan = true;
+        self.scan_index = previous;
+    }
+
+    /// The index after the decode (see [`Self::use_scan_index`]), with the marks it passed.
+    ///
+    /// Not in upstream zune-jpeg.
+    pub fn take_scan_index(&mut self) -> Option<ScanIndex> {
+        self.scan_index.take()
     }
 
     /// Asks for the image at `1/denominator` of its size (1, 2, 4 or 8; anything else is

@@ -172,6 +172,7 @@ pub use zune_core;
 pub use crate::components::SampleRatios;
 pub use crate::decoder::{ImageInfo, JpegDecoder};
 pub use crate::marker::Marker;
+pub use crate::scan_index::ScanIndex;
 mod bitstream;
 mod color_convert;
 mod components;
@@ -188,6 +189,7 @@ mod mcu;
 mod mcu_prog;
 mod misc;
 mod scaled; // not in upstream zune-jpeg: DCT-domain downscaling
+mod scan_index; // not in upstream zune-jpeg: entry points into a scan
 mod unsafe_utils;
 mod unsafe_utils_avx2;
 mod unsafe_utils_neon;

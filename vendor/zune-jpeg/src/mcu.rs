@@ -9,6 +9,7 @@
 use alloc::vec::Vec;
 use alloc::{format, vec};
 use core::cmp::min;
+use core::ops::Range;
 
 use zune_core::bytestream::ZByteReaderTrait;
 use zune_core::colorspace::ColorSpace;
@@ -22,6 +23,7 @@ use crate::errors::DecodeErrors;
 use crate::marker::Marker;
 use crate::mcu_prog::get_marker;
 use crate::misc::{calculate_padded_width, setup_component_params};
+use crate::scan_index::{Mark, ScanIndex};
 use crate::worker::{color_convert, upsample};
 use crate::JpegDecoder;
 
@@ -95,7 +97,10 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
             first_row:  (y0 / mcu_h).saturating_sub(1),
             last_row:   (y1 - 1) / mcu_h + 1,
             first_byte: y0 * row_bytes,
-            end_byte:   y1 * row_bytes
+            end_byte:   y1 * row_bytes,
+            // 16-pixel aligned: the colour converters' SIMD width.
+            convert_x0: x0 & !15,
+            convert_x1: (x1.saturating_add(15) & !15).min(width)
         })
     }
 
@@ -211,7 +216,9 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
         }
 
         let mut pixels_written = 0;
-        let region_end = self.region_bounds().map(|r| r.end_byte);
+        let bounds = self.region_bounds();
+        let region_end = bounds.as_ref().map(|r| r.end_byte);
+        let mut index = self.scan_index_for(mcu_width, mcu_height, all_components_in_first_scan);
 
         let is_hv = usize::from(self.is_interleaved);
         let upsampler_scratch_size = is_hv * self.components.iter().map(|x| x.width_stride).max().unwrap_or(0) * 8;
@@ -236,15 +243,42 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
                     break;
                 }
 
+                // Scan index (not upstream): with the marks of an earlier decode, rows above the
+                // region are not read, and region rows start at the mark left of the region and
+                // end after its last column where the next row's start is marked.
+                let mut cols = 0..mcu_width;
+                let mut read_row = true;
+                if let (Some(ix), Some(r)) = (index.as_ref(), bounds.as_ref()) {
+                    if i < r.first_row {
+                        read_row = !ix.row_start_known(r.first_row);
+                    } else if i <= r.last_row {
+                        if let Some((col, mark)) = ix.at_or_before(i, r.first_col) {
+                            stream.seek_to_bit(&mut self.stream, mark.bit)?;
+                            let scan = &self.z_order[..usize::from(self.num_scans)];
+                            for (&k, &dc) in scan.iter().zip(&mark.dc) {
+                                self.components[k].dc_pred = i32::from(dc);
+                            }
+                            cols.start = col;
+                        }
+                        if i < r.last_row && ix.row_start_known(i + 1) {
+                            cols.end = (r.last_col + 1).min(mcu_width);
+                        }
+                    }
+                }
+
                 // decode a whole MCU width,
                 // this takes into account interleaved components.
-                let terminate = if all_components_in_first_scan {
+                let terminate = if !read_row {
+                    McuContinuation::Ok
+                } else if all_components_in_first_scan {
                     self.decode_mcu_width::<false>(
                         mcu_width,
                         i,
                         &mut tmp,
                         &mut stream,
-                        &mut progressive_mcus
+                        &mut progressive_mcus,
+                        cols,
+                        index.as_mut()
                     )?
                 } else {
                     /* NB: (cae). This code was added due to the issue at https://github.com/etemesi254/zune-image/issues/277
@@ -269,7 +303,9 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
                         i,
                         &mut tmp,
                         &mut stream,
-                        &mut progressive_mcus
+                        &mut progressive_mcus,
+                        0..usize::MAX,
+                        None
                     )?
                 };
 
@@ -287,6 +323,9 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
                     )?;
                     // Region decoding (not upstream): every row the caller asked for is out.
                     if region_end.is_some_and(|end| pixels_written >= end) {
+                        if index.is_some() {
+                            self.scan_index = index;
+                        }
                         return Ok(());
                     }
                 }
@@ -321,6 +360,9 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
             break;
         }
 
+        if index.is_some() {
+            self.scan_index = index;
+        }
         if !all_components_in_first_scan {
             self.finish_baseline_decoding(&progressive_mcus, mcu_width, pixels)?;
         }
@@ -425,9 +467,11 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
         return Ok(());
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn decode_mcu_width<const PROGRESSIVE: bool>(
         &mut self, mcu_width: usize, mcu_height: usize, tmp: &mut [i32; 64],
-        stream: &mut BitStream, progressive: &mut [Vec<i16>; 4]
+        stream: &mut BitStream, progressive: &mut [Vec<i16>; 4], cols: Range<usize>,
+        index: Option<&mut ScanIndex>
     ) -> Result<McuContinuation, DecodeErrors> {
         let is_one_by_one = !self.scan_subsampled;
 
@@ -446,7 +490,9 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
                 mcu_height,
                 tmp,
                 stream,
-                progressive
+                progressive,
+                cols,
+                index
             )
         } else {
             self.inner_decode_mcu_width::<PROGRESSIVE, true>(
@@ -454,7 +500,9 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
                 mcu_height,
                 tmp,
                 stream,
-                progressive
+                progressive,
+                cols,
+                index
             )
         }
     }
@@ -464,9 +512,11 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
     // constant folding. And constant folding is quite important for performance here as
     // when `not SAMPLED` then the inner loop has exactly one iteration per component in
     // the scan. The difference was ~1% or a bit more.
+    #[allow(clippy::too_many_arguments)]
     fn inner_decode_mcu_width<const PROGRESSIVE: bool, const SAMPLED: bool>(
         &mut self, mcu_width: usize, mcu_height: usize, tmp: &mut [i32; 64],
-        stream: &mut BitStream, progressive: &mut [Vec<i16>; 4]
+        stream: &mut BitStream, progressive: &mut [Vec<i16>; 4], cols: Range<usize>,
+        mut index: Option<&mut ScanIndex>
     ) -> Result<McuContinuation, DecodeErrors> {
         let z_order = self.z_order;
         let z_scans = &z_order[..usize::from(self.num_scans)];
@@ -516,7 +566,14 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
             _ => 0..=usize::MAX
         };
 
-        for j in 0..scan_du_width {
+        let region_first_col = (!region_cols.is_empty()).then(|| *region_cols.start());
+        for j in cols.start..cols.end.min(scan_du_width) {
+            // Scan index (not upstream): mark where this MCU starts, if it is a marked column.
+            if let Some(ix) = index.as_mut() {
+                if ix.wants(mcu_height, j, region_first_col) {
+                    self.mark_position(ix, stream, mcu_height, j);
+                }
+            }
             let in_region = region_cols.contains(&j);
             // iterate over components
             for &k in z_scans {
@@ -664,6 +721,53 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
         }
 
         self.check_stream_marker_after_mcu_width(stream)
+    }
+
+    /// The scan index for this decode (see [`JpegDecoder::use_scan_index`]): the previous one
+    /// if it belongs to this scan, else a new one. `None`, with the previous left in place,
+    /// where the index does not apply.
+    ///
+    /// Not in upstream zune-jpeg.
+    fn scan_index_for(
+        &mut self, mcu_cols: usize, mcu_rows: usize, all_components_in_first_scan: bool
+    ) -> Option<ScanIndex> {
+        if !self.index_scan
+            || !all_components_in_first_scan
+            || self.restart_interval != 0
+            || self.coeff != 1
+            || usize::from(self.num_scans) > 3
+        {
+            return None;
+        }
+        let start = usize::try_from(self.stream.position().ok()?).ok()?;
+        let key = [
+            start,
+            usize::from(self.info.width),
+            usize::from(self.info.height),
+            mcu_cols,
+            mcu_rows
+        ];
+        match self.scan_index.take() {
+            Some(previous) if previous.key == key => Some(previous),
+            _ => Some(ScanIndex::new(key, mcu_cols, mcu_rows))
+        }
+    }
+
+    /// Records where MCU `col` of MCU row `row` starts, with the DC predictions before it.
+    ///
+    /// Not in upstream zune-jpeg.
+    fn mark_position(&mut self, index: &mut ScanIndex, stream: &BitStream, row: usize, col: usize) {
+        let Some(bit) = stream.next_bit_position(&mut self.stream) else {
+            return;
+        };
+        let mut dc = [0_i16; 3];
+        for (d, &k) in dc.iter_mut().zip(&self.z_order[..usize::from(self.num_scans)]) {
+            match i16::try_from(self.components[k].dc_pred) {
+                Ok(v) => *d = v,
+                Err(_) => return
+            }
+        }
+        index.set(row, col, Mark { bit, dc });
     }
 
     pub(crate) fn check_stream_marker_after_mcu_width(
@@ -849,7 +953,12 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
 
         let mut px = *pixels_written;
         // Region decoding (not upstream): rows above the region are not colour-converted.
-        let region_first_byte = self.region_bounds().map_or(0, |r| r.first_byte);
+        let region = self.region_bounds();
+        let region_first_byte = region.as_ref().map_or(0, |r| r.first_byte);
+        // Rows above the region's first MCU row (its margin included) produce no pixel the
+        // caller reads, so they are not upsampled either.
+        let upsample_row = region.as_ref().map_or(true, |r| i >= r.first_row);
+        let convert_columns = region.as_ref().map_or((0, width), |r| (r.convert_x0, r.convert_x1));
         // indicates whether image is vertically up-sampled
         let is_vertically_sampled = self
             .components
@@ -878,10 +987,13 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
                     }
                     let mut raw_samples: [&[i16]; 4] = [&[], &[], &[], &[]];
 
+                    // Region decoding (not upstream): only the region's columns are converted.
+                    let (x0, x1) = convert_columns;
                     // iterate over each line, since color-convert needs only
                     // one line
                     for (j, samp) in raw_samples.iter_mut().enumerate().take(comp_len) {
-                        let temp = &samples[j].get(pos * padded_width..(pos + 1) * padded_width);
+                        let line = pos * padded_width;
+                        let temp = &samples[j].get(line + x0..line + x1);
                         if temp.is_none() {
                             return Err(DecodeErrors::FormatStatic("Missing samples"));
                         }
@@ -892,9 +1004,9 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
                         self.color_convert_16,
                         self.input_colorspace,
                         self.options.jpeg_get_out_colorspace(),
-                        output,
-                        width,
-                        padded_width
+                        &mut output[x0 * out_colorspace_components..x1 * out_colorspace_components],
+                        x1 - x0,
+                        x1 - x0
                     )?;
                     px += width * out_colorspace_components;
                 }
@@ -904,7 +1016,7 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
         let comps = &mut self.components[..];
 
         if self.is_interleaved && self.options.jpeg_get_out_colorspace() != ColorSpace::Luma {
-            for comp in comps.iter_mut() {
+            for comp in comps.iter_mut().filter(|_| upsample_row) {
                 upsample(
                     comp,
                     mcu_height,
@@ -1025,5 +1137,8 @@ struct RegionBounds {
     first_row:  usize,
     last_row:   usize,
     first_byte: usize,
-    end_byte:   usize
+    end_byte:   usize,
+    /// The columns colour-converted: the region's, widened to multiples of 16 pixels.
+    convert_x0: usize,
+    convert_x1: usize
 }
