@@ -10,6 +10,7 @@ use zune_core::colorspace::ColorSpace;
 use zune_core::options::DecoderOptions;
 
 use crate::DataError;
+use crate::scan_index::ScanIndexCache;
 use crate::transform::CropBox;
 
 fn bad(path: &Path, reason: impl Into<String>) -> DataError {
@@ -73,6 +74,50 @@ pub fn decode_file_plan(
     decode_bytes_plan(&bytes, plan).map_err(|reason| bad(path, reason))
 }
 
+/// [`decode_file_plan`] for file `file` of a dataset whose scan indexes `cache` keeps: a JPEG
+/// decoded at full size starts reading at the marks an earlier decode of the file left (see
+/// [`ScanIndexCache`]) and leaves its own. The pixels are those of [`decode_file_plan`].
+///
+/// # Errors
+/// As [`decode_file`].
+pub fn decode_file_plan_indexed(
+    path: &Path,
+    plan: impl FnOnce(u32, u32, &[u32]) -> DecodePlan,
+    cache: &ScanIndexCache,
+    file: usize,
+) -> Result<ScaledImage, DataError> {
+    let bytes = std::fs::read(path).map_err(|e| bad(path, format!("cannot read: {e}")))?;
+    decode_plan(&bytes, plan, Some((cache, file)), Vec::new()).map_err(|reason| bad(path, reason))
+}
+
+thread_local! {
+    /// The last loader sample's pixel buffer, for the next decode on this thread.
+    static SPARE_PIXELS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The loader's decode: [`decode_file_plan_indexed`] (or [`decode_file_plan`] without `index`)
+/// into the buffer of this thread's previous sample ([`recycle_pixels`]), so that a decode
+/// neither allocates nor zeroes half a megabyte. Outside the region the pixels are what the
+/// buffer held.
+pub(crate) fn decode_file_for_loader(
+    path: &Path,
+    plan: impl FnOnce(u32, u32, &[u32]) -> DecodePlan,
+    index: Option<(&ScanIndexCache, usize)>,
+) -> Result<ScaledImage, DataError> {
+    let bytes = std::fs::read(path).map_err(|e| bad(path, format!("cannot read: {e}")))?;
+    let spare = SPARE_PIXELS.with_borrow_mut(std::mem::take);
+    decode_plan(&bytes, plan, index, spare).map_err(|reason| bad(path, reason))
+}
+
+/// Hands a decoded sample's pixels back for this thread's next [`decode_file_for_loader`].
+pub(crate) fn recycle_pixels(pixels: Vec<u8>) {
+    SPARE_PIXELS.with_borrow_mut(|spare| {
+        if pixels.capacity() > spare.capacity() {
+            *spare = pixels;
+        }
+    });
+}
+
 /// [`decode_file_plan`] for an in-memory image.
 ///
 /// # Errors
@@ -81,10 +126,22 @@ pub fn decode_bytes_plan(
     bytes: &[u8],
     plan: impl FnOnce(u32, u32, &[u32]) -> DecodePlan,
 ) -> Result<ScaledImage, String> {
+    decode_plan(bytes, plan, None, Vec::new())
+}
+
+/// `pixels`: a buffer to decode a JPEG into (any length, any content).
+fn decode_plan(
+    bytes: &[u8],
+    plan: impl FnOnce(u32, u32, &[u32]) -> DecodePlan,
+    index: Option<(&ScanIndexCache, usize)>,
+    pixels: Vec<u8>,
+) -> Result<ScaledImage, String> {
     let format = checked_format(bytes)?;
     let mut plan = Some(plan);
     if format == ImageFormat::Jpeg {
-        let direct = catch_unwind(AssertUnwindSafe(|| decode_jpeg_plan(bytes, &mut plan)));
+        let direct = catch_unwind(AssertUnwindSafe(|| {
+            decode_jpeg_plan(bytes, &mut plan, index, pixels)
+        }));
         match direct {
             Ok(Some(img)) => return Ok(img),
             Ok(None) => {}
@@ -147,6 +204,8 @@ pub fn decode_bytes_region(
 fn decode_jpeg_plan(
     bytes: &[u8],
     plan: &mut Option<impl FnOnce(u32, u32, &[u32]) -> DecodePlan>,
+    index: Option<(&ScanIndexCache, usize)>,
+    mut pixels: Vec<u8>,
 ) -> Option<ScaledImage> {
     let options = DecoderOptions::default()
         .set_strict_mode(false)
@@ -188,8 +247,21 @@ fn decode_jpeg_plan(
     }
     let (out_w, out_h) = decoder.output_dimensions()?;
     let (out_w, out_h) = (u32::try_from(out_w).ok()?, u32::try_from(out_h).ok()?);
-    match decoder.decode() {
-        Ok(pixels) => Some(ScaledImage {
+    // The marks are entry points into the scan at full size; a scaled decode reads it whole.
+    let index = index.filter(|_| scale == 1);
+    if let Some((cache, file)) = index {
+        decoder.use_scan_index(cache.take(file, bytes.len()));
+    }
+    // Only what an earlier decode did not cover is zeroed.
+    pixels.resize(decoder.output_buffer_size()?, 0);
+    let decoded = decoder.decode_into(&mut pixels);
+    if let (Some((cache, file)), Ok(())) = (index, &decoded)
+        && let Some(marks) = decoder.take_scan_index()
+    {
+        cache.put(file, bytes.len(), marks);
+    }
+    match decoded {
+        Ok(()) => Some(ScaledImage {
             image: RgbImage::from_raw(out_w, out_h, pixels)?,
             scale,
             full_size: (w, h),

@@ -42,6 +42,7 @@ mod loader;
 mod pil_resample;
 mod sampler;
 mod scale;
+mod scan_index;
 pub mod synthetic;
 pub mod transform;
 
@@ -49,7 +50,7 @@ pub use augment::AutoAugment;
 pub use batch::{Batch, BatchImages, f32_images_to_tensor, u8_images_to_tensor};
 pub use decode::{
     DecodePlan, ScaledImage, decode_bytes, decode_bytes_plan, decode_bytes_region, decode_file,
-    decode_file_plan, decode_file_region, jpeg_end_of_image,
+    decode_file_plan, decode_file_plan_indexed, decode_file_region, jpeg_end_of_image,
 };
 pub use erase::RandomErasing;
 pub use error::DataError;
@@ -60,4 +61,5 @@ pub use loader::{
 };
 pub use sampler::{DistributedSampler, SampledIndex, repeated_augmentation_indices};
 pub use scale::{DecodeScaling, FAITHFUL_FACTOR};
+pub use scan_index::ScanIndexCache;
 pub use transform::{CropBox, IMAGENET_MEAN, IMAGENET_STD, Interpolation, Resampler, Transform};

@@ -304,16 +304,29 @@ pub fn hwc_to_chw(hwc: &[u8], width: usize, height: usize, flip: bool, out: &mut
     let plane = width * height;
     assert_eq!(hwc.len(), 3 * plane, "HWC buffer size");
     assert_eq!(out.len(), 3 * plane, "CHW buffer size");
+    if plane == 0 {
+        return;
+    }
     let (r, rest) = out.split_at_mut(plane);
     let (g, b) = rest.split_at_mut(plane);
-    for y in 0..height {
-        let row = &hwc[y * width * 3..(y + 1) * width * 3];
-        let o = y * width;
-        for x in 0..width {
-            let sx = if flip { width - 1 - x } else { x };
-            r[o + x] = row[3 * sx];
-            g[o + x] = row[3 * sx + 1];
-            b[o + x] = row[3 * sx + 2];
+    // Row by row over zipped slices, the flip outside the loop: no index arithmetic or bounds
+    // checks per pixel (this runs over every output pixel of every sample).
+    let rows = hwc
+        .chunks_exact(3 * width)
+        .zip(r.chunks_exact_mut(width))
+        .zip(g.chunks_exact_mut(width))
+        .zip(b.chunks_exact_mut(width));
+    for (((row, r), g), b) in rows {
+        let pixels = row.chunks_exact(3);
+        let out = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut());
+        if flip {
+            for (px, ((r, g), b)) in pixels.rev().zip(out) {
+                (*r, *g, *b) = (px[0], px[1], px[2]);
+            }
+        } else {
+            for (px, ((r, g), b)) in pixels.zip(out) {
+                (*r, *g, *b) = (px[0], px[1], px[2]);
+            }
         }
     }
 }

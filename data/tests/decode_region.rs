@@ -3,7 +3,9 @@
 
 mod common;
 
-use data::{CropBox, decode_file, decode_file_region};
+use data::{
+    CropBox, DecodePlan, ScanIndexCache, decode_file, decode_file_plan_indexed, decode_file_region,
+};
 use image::RgbImage;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -124,6 +126,108 @@ fn a_region_decodes_to_exactly_the_full_decodes_pixels() {
         }
     }
     assert!(checked > 600, "only {checked} boxes checked");
+}
+
+/// Region decode of `path` at full size through `cache` (as file 0).
+fn indexed_region(path: &std::path::Path, cache: &ScanIndexCache, b: CropBox) -> RgbImage {
+    decode_file_plan_indexed(
+        path,
+        |_, _, _| DecodePlan {
+            scale: 1,
+            region: Some(b),
+        },
+        cache,
+        0,
+    )
+    .expect("indexed region decode")
+    .image
+}
+
+#[test]
+fn regions_decoded_from_earlier_decodes_marks_are_exact() {
+    // One cache per fixture and order: the boxes in order (the whole image first marks every
+    // row) and reversed (random boxes first leave rows unmarked, which later decodes fill in).
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let (mut checked, mut indexed) = (0, 0);
+    for path in common::jpeg_fixtures() {
+        let full = decode_file(&path).expect("full decode");
+        let (w, h) = full.dimensions();
+        let boxes = boxes(w, h, &mut rng);
+        for order in [boxes.clone(), boxes.into_iter().rev().collect()] {
+            let cache = ScanIndexCache::new(1, usize::MAX);
+            for b in order {
+                let region = indexed_region(&path, &cache, b);
+                let what = format!("{} box {b:?} with marks", path.display());
+                assert_same_inside(&full, &region, b, &what);
+                checked += 1;
+            }
+            indexed += usize::from(cache.bytes() > 0);
+        }
+    }
+    assert!(checked > 1200, "only {checked} boxes checked");
+    // Baseline files without restart markers are indexed; progressive, restart-marker,
+    // grayscale and CMYK files are not.
+    assert!(indexed >= 12, "only {indexed} of the runs kept marks");
+}
+
+#[test]
+fn an_indexed_region_reads_nothing_above_it() {
+    // Marks from a clean decode, then the first fifth of the scan's bytes scrambled (same
+    // length, so the marks still apply): a region in the bottom half decodes exactly as before
+    // from the marks, where a decode without them reads the scrambled bytes and differs.
+    for name in ["baseline_420.jpg", "baseline_444.jpg", "small_422.jpg"] {
+        let path = common::fixtures().join("photos").join(name);
+        let full = decode_file(&path).expect("full decode");
+        let (w, h) = full.dimensions();
+        let cache = ScanIndexCache::new(1, usize::MAX);
+        let whole = CropBox {
+            top: 0,
+            left: 0,
+            height: h,
+            width: w,
+        };
+        indexed_region(&path, &cache, whole);
+
+        let mut bytes = std::fs::read(&path).expect("read");
+        let sos = bytes
+            .windows(2)
+            .position(|m| m == [0xFF, 0xDA])
+            .expect("SOS marker");
+        let start = sos + 2 + usize::from(u16::from_be_bytes([bytes[sos + 2], bytes[sos + 3]]));
+        let end = start + (bytes.len() - start) / 5;
+        for (i, byte) in bytes[start..end].iter_mut().enumerate() {
+            // Never 0xFF: no marker appears.
+            *byte = (i as u8).wrapping_mul(97).wrapping_add(13) % 0xFF;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let scrambled = dir.path().join(name);
+        std::fs::write(&scrambled, &bytes).expect("write");
+
+        let b = CropBox {
+            top: h / 2,
+            left: w / 3,
+            height: h - h / 2,
+            width: w / 2,
+        };
+        let region = indexed_region(&scrambled, &cache, b);
+        assert_same_inside(
+            &full,
+            &region,
+            b,
+            &format!("{name}, scrambled above, with marks"),
+        );
+        let unindexed = decode_file_region(&scrambled, |_, _| Some(b));
+        let differs = unindexed.is_err()
+            || unindexed.as_ref().is_ok_and(|img| {
+                (b.top..b.top + b.height).any(|y| {
+                    (b.left..b.left + b.width).any(|x| img.get_pixel(x, y) != full.get_pixel(x, y))
+                })
+            });
+        assert!(
+            differs,
+            "{name}: the scrambled bytes do not matter without marks either"
+        );
+    }
 }
 
 #[test]

@@ -73,6 +73,48 @@ fn decoding_only_the_pixels_read_gives_the_same_batches_as_decoding_whole_images
 }
 
 #[test]
+fn later_epochs_give_the_same_batches_with_and_without_scan_indexes() {
+    // Epochs 1 and 2 decode crops from the marks epoch 0 (and 1) left; the batches must be
+    // those of a loader without marks. A budget too small for one file's marks keeps none.
+    let dir = tempfile::tempdir().expect("tempdir");
+    data::synthetic::generate_imagenet_like(dir.path(), 24, 3).expect("generate");
+    let f = ImageFolder::new(dir.path()).expect("scan");
+    for config in [LoaderConfig::train(64, 8), LoaderConfig::val(64, 8)] {
+        let run = |budget| {
+            let s = DistributedSampler::new(f.len(), 1, 0).expect("sampler");
+            let cfg = config
+                .with_workers(2)
+                .with_seed(3)
+                .with_scan_index_budget(budget);
+            let mut l = Loader::new(f.clone(), s, cfg).expect("loader");
+            let batches: Vec<_> = (0..3).flat_map(|epoch| collect(&mut l, epoch)).collect();
+            (batches, l.scan_index_bytes())
+        };
+        let (indexed, bytes) = run(512 << 20);
+        // ~1.3 KB of marks per 500 x 375 file.
+        assert!(
+            bytes > 24 * 500,
+            "{config:?}: only {bytes} bytes of marks for 24 files"
+        );
+        let (plain, none) = run(0);
+        assert_eq!(none, 0);
+        assert!(
+            indexed == plain,
+            "scan indexes changed the batches: {config:?}"
+        );
+        let (tight, kept) = run(100);
+        assert_eq!(kept, 0, "a 100-byte budget kept {kept} bytes");
+        assert!(tight == plain);
+        let (_, half) = run(bytes / 2);
+        assert!(
+            half > 0 && half <= bytes / 2,
+            "{half} bytes kept of a {} budget",
+            bytes / 2
+        );
+    }
+}
+
+#[test]
 fn an_epoch_started_at_a_batch_continues_as_the_whole_epoch_would() {
     let (_dir, f) = folder(&["a", "b", "c"], 7);
     let s = DistributedSampler::new(f.len(), 2, 1)
