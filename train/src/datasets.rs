@@ -117,7 +117,8 @@ pub(crate) fn val_loader(
         .with_workers(args.workers)
         .with_seed(args.seed)
         .with_policy(bad_image_policy(args))
-        .with_decode_scaling(args.decode_scaling.into());
+        .with_decode_scaling(args.decode_scaling.into())
+        .with_scan_index_budget(args.scan_index_mib.saturating_mul(1 << 20));
     config.transform = val_transform(args);
     Ok(Loader::new(folder, sampler, config)?)
 }
@@ -198,7 +199,8 @@ pub fn load_data(args: &TrainArgs, rank: usize, world_size: usize) -> Result<Dat
     .with_workers(args.workers)
     .with_seed(args.seed)
     .with_policy(bad_image_policy(args))
-    .with_decode_scaling(args.decode_scaling.into());
+    .with_decode_scaling(args.decode_scaling.into())
+    .with_scan_index_budget(args.scan_index_mib.saturating_mul(1 << 20));
     train_config.transform = train_transform(args);
     let train_loader = Loader::new(train, train_sampler, train_config)?;
     Ok(Datasets {

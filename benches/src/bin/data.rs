@@ -11,6 +11,7 @@
 //! compress like photos; `data::synthetic::generate_imagenet_like`) into `--root` (default
 //! `target/bench-data/imagenet-like-N`) unless a complete set is already there. `benches/compare_data.py` runs torchvision on the same folder.
 
+use std::cell::{Cell, RefCell};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -52,7 +53,11 @@ struct Args {
     /// decodes only a `RandomResizedCrop` box of each image; the `_full_decode` pipelines decode
     /// whole images at full size (the loader's default decodes only the pixels the transform
     /// reads, at 1/2 to 1/8 of the size where `DecodeScaling::Faithful` allows); `_unscaled`
-    /// decodes the region at full size, `_fast` scales as `DecodeScaling::Fast` allows.
+    /// decodes the region at full size, `_fast` scales as `DecodeScaling::Fast` allows. Loader
+    /// pipelines time the epochs after an untimed first one (a run's steady state, with the
+    /// scan indexes earlier epochs left); `train_first_epoch`, `train_ta_wide_first_epoch` and
+    /// `val_first_epoch` time a fresh loader's first epoch, and the `_no_index` pipelines the
+    /// steady state without scan indexes.
     #[arg(
         long,
         default_value = "decode,decode_crop,train,train_full_decode,train_image_resize,train_f32,train_ta_wide,train_ta_wide_full_decode,train_ta_wide_erase,val,val_full_decode"
@@ -195,15 +200,36 @@ fn run(args: Args) -> Result<()> {
     };
     let wanted: Vec<&str> = args.pipelines.split(',').map(str::trim).collect();
     let bs = args.batch_size;
-    let loader_run = |cfg: LoaderConfig| -> Result<usize> {
+    let new_loader = |cfg: LoaderConfig| -> Result<Loader> {
         let sampler = DistributedSampler::new(n, 1, 0)?;
-        let mut loader = Loader::new(folder.clone(), sampler, cfg.with_workers(args.workers))?;
+        Ok(Loader::new(
+            folder.clone(),
+            sampler,
+            cfg.with_workers(args.workers),
+        )?)
+    };
+    let run_epoch = |loader: &mut Loader, epoch: u64| -> Result<usize> {
         let mut count = 0;
-        for batch in loader.epoch(0) {
+        for batch in loader.epoch(epoch) {
             count += batch?.len();
         }
         Ok(count)
     };
+    // A training run's steady state: one loader, an untimed first epoch, then each timed pass
+    // is its next epoch (with the scan indexes the earlier epochs left, as from a run's second
+    // epoch on).
+    let steady = |cfg: LoaderConfig| -> Result<(f64, f64)> {
+        let mut loader = new_loader(cfg)?;
+        run_epoch(&mut loader, 0)?;
+        let (loader, epoch) = (RefCell::new(loader), Cell::new(1));
+        best(&|| {
+            epoch.set(epoch.get() + 1);
+            run_epoch(&mut loader.borrow_mut(), epoch.get() - 1)
+        })
+    };
+    // A run's first epoch: a fresh loader each pass.
+    let first_epoch =
+        |cfg: LoaderConfig| -> Result<(f64, f64)> { best(&|| run_epoch(&mut new_loader(cfg)?, 0)) };
     let mut rows: Vec<(&str, (f64, f64))> = Vec::new();
     let recipe = |erase: f64| {
         let mut cfg = LoaderConfig::train(args.size, bs);
@@ -216,15 +242,21 @@ fn run(args: Args) -> Result<()> {
         "decode",
         "decode_crop",
         "train",
+        "train_first_epoch",
+        "train_no_index",
         "train_full_decode",
         "train_unscaled",
         "train_fast",
         "train_image_resize",
         "train_f32",
         "train_ta_wide",
+        "train_ta_wide_first_epoch",
+        "train_ta_wide_no_index",
         "train_ta_wide_full_decode",
         "train_ta_wide_erase",
         "val",
+        "val_first_epoch",
+        "val_no_index",
         "val_full_decode",
         "val_unscaled",
         "val_fast",
@@ -264,55 +296,51 @@ fn run(args: Args) -> Result<()> {
                 });
                 Ok(ok.into_inner())
             })?,
-            "train" => best(&|| loader_run(LoaderConfig::train(args.size, bs)))?,
-            "train_full_decode" => best(&|| {
-                loader_run(
-                    LoaderConfig::train(args.size, bs)
-                        .with_decode_region(false)
-                        .with_decode_scaling(DecodeScaling::Off),
-                )
-            })?,
-            "train_unscaled" => best(&|| {
-                loader_run(
-                    LoaderConfig::train(args.size, bs).with_decode_scaling(DecodeScaling::Off),
-                )
-            })?,
-            "train_fast" => best(&|| {
-                loader_run(
-                    LoaderConfig::train(args.size, bs).with_decode_scaling(DecodeScaling::Fast),
-                )
-            })?,
-            "val_unscaled" => best(&|| {
-                loader_run(LoaderConfig::val(args.size, bs).with_decode_scaling(DecodeScaling::Off))
-            })?,
-            "val_fast" => best(&|| {
-                loader_run(
-                    LoaderConfig::val(args.size, bs).with_decode_scaling(DecodeScaling::Fast),
-                )
-            })?,
-            "train_image_resize" => best(&|| {
-                loader_run(LoaderConfig::train(args.size, bs).with_resampler(Resampler::Image))
-            })?,
-            "train_f32" => best(&|| {
-                loader_run(LoaderConfig::train(args.size, bs).with_output(OutputFormat::F32))
-            })?,
-            "train_ta_wide" => best(&|| loader_run(recipe(0.0)))?,
-            "train_ta_wide_full_decode" => best(&|| {
-                loader_run(
-                    recipe(0.0)
-                        .with_decode_region(false)
-                        .with_decode_scaling(DecodeScaling::Off),
-                )
-            })?,
-            "train_ta_wide_erase" => best(&|| loader_run(recipe(0.1)))?,
-            "val_full_decode" => best(&|| {
-                loader_run(
-                    LoaderConfig::val(args.size, bs)
-                        .with_decode_region(false)
-                        .with_decode_scaling(DecodeScaling::Off),
-                )
-            })?,
-            _ => best(&|| loader_run(LoaderConfig::val(args.size, bs)))?,
+            "train" => steady(LoaderConfig::train(args.size, bs))?,
+            "train_first_epoch" => first_epoch(LoaderConfig::train(args.size, bs))?,
+            "train_no_index" => {
+                steady(LoaderConfig::train(args.size, bs).with_scan_index_budget(0))?
+            }
+            "train_full_decode" => steady(
+                LoaderConfig::train(args.size, bs)
+                    .with_decode_region(false)
+                    .with_decode_scaling(DecodeScaling::Off),
+            )?,
+            "train_unscaled" => {
+                steady(LoaderConfig::train(args.size, bs).with_decode_scaling(DecodeScaling::Off))?
+            }
+            "train_fast" => {
+                steady(LoaderConfig::train(args.size, bs).with_decode_scaling(DecodeScaling::Fast))?
+            }
+            "val_unscaled" => {
+                steady(LoaderConfig::val(args.size, bs).with_decode_scaling(DecodeScaling::Off))?
+            }
+            "val_fast" => {
+                steady(LoaderConfig::val(args.size, bs).with_decode_scaling(DecodeScaling::Fast))?
+            }
+            "train_image_resize" => {
+                steady(LoaderConfig::train(args.size, bs).with_resampler(Resampler::Image))?
+            }
+            "train_f32" => {
+                steady(LoaderConfig::train(args.size, bs).with_output(OutputFormat::F32))?
+            }
+            "train_ta_wide" => steady(recipe(0.0))?,
+            "train_ta_wide_first_epoch" => first_epoch(recipe(0.0))?,
+            "train_ta_wide_no_index" => steady(recipe(0.0).with_scan_index_budget(0))?,
+            "train_ta_wide_full_decode" => steady(
+                recipe(0.0)
+                    .with_decode_region(false)
+                    .with_decode_scaling(DecodeScaling::Off),
+            )?,
+            "train_ta_wide_erase" => steady(recipe(0.1))?,
+            "val_first_epoch" => first_epoch(LoaderConfig::val(args.size, bs))?,
+            "val_no_index" => steady(LoaderConfig::val(args.size, bs).with_scan_index_budget(0))?,
+            "val_full_decode" => steady(
+                LoaderConfig::val(args.size, bs)
+                    .with_decode_region(false)
+                    .with_decode_scaling(DecodeScaling::Off),
+            )?,
+            _ => steady(LoaderConfig::val(args.size, bs))?,
         };
         rows.push((name, ips));
     }
