@@ -96,6 +96,8 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
             last_col:   (x1 - 1) / mcu_w + 1,
             first_row:  (y0 / mcu_h).saturating_sub(1),
             last_row:   (y1 - 1) / mcu_h + 1,
+            core_cols:  (x0 / mcu_w, (x1 - 1) / mcu_w),
+            core_rows:  (y0 / mcu_h, (y1 - 1) / mcu_h),
             first_byte: y0 * row_bytes,
             end_byte:   y1 * row_bytes,
             // 16-pixel aligned: the colour converters' SIMD width.
@@ -253,10 +255,10 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
                         read_row = !ix.row_start_known(r.first_row);
                     } else if i <= r.last_row {
                         if let Some((col, mark)) = ix.at_or_before(i, r.first_col) {
-                            stream.seek_to_bit(&mut self.stream, mark.bit)?;
+                            stream.seek_to_bit(&mut self.stream, mark.bit())?;
                             let scan = &self.z_order[..usize::from(self.num_scans)];
-                            for (&k, &dc) in scan.iter().zip(&mark.dc) {
-                                self.components[k].dc_pred = i32::from(dc);
+                            for (&k, dc) in scan.iter().zip(mark.dc()) {
+                                self.components[k].dc_pred = dc;
                             }
                             cols.start = col;
                         }
@@ -551,20 +553,26 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
             scan_du_width = scan_du_width.min(min_du);
         }
 
-        // Region decoding (not upstream): in this MCU row, which MCU columns to transform.
-        let region_cols = match self.region_bounds() {
-            Some(r) if !PROGRESSIVE => {
+        // Region decoding (not upstream): in this MCU row, which MCU columns to transform: of
+        // subsampled components, the region's with a margin of one MCU (the upsampler reads
+        // it); of full-resolution ones, which nothing upsamples, the region's alone.
+        #[allow(clippy::reversed_empty_ranges)]
+        let (region_cols, core_cols) = match self.region_bounds() {
+            Some(r) if !PROGRESSIVE => (
                 if (r.first_row..=r.last_row).contains(&mcu_height) {
                     r.first_col..=r.last_col
                 } else {
-                    #[allow(clippy::reversed_empty_ranges)]
-                    {
-                        1..=0
-                    }
+                    1..=0
+                },
+                if (r.core_rows.0..=r.core_rows.1).contains(&mcu_height) {
+                    r.core_cols.0..=r.core_cols.1
+                } else {
+                    1..=0
                 }
-            }
-            _ => 0..=usize::MAX
+            ),
+            _ => (0..=usize::MAX, 0..=usize::MAX)
         };
+        let (h_max, v_max) = (self.h_max, self.v_max);
 
         let region_first_col = (!region_cols.is_empty()).then(|| *region_cols.start());
         for j in cols.start..cols.end.min(scan_du_width) {
@@ -575,6 +583,7 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
                 }
             }
             let in_region = region_cols.contains(&j);
+            let in_core = core_cols.contains(&j);
             // iterate over components
             for &k in z_scans {
                 // we made this loop body massive due to several different paths that depend on
@@ -606,6 +615,9 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
                 };
 
                 let component_samples_needed = component.needed;
+                let full_resolution =
+                    component.horizontal_sample == h_max && component.vertical_sample == v_max;
+                let in_region = if full_resolution { in_core } else { in_region };
 
                 // If image is interleaved iterate over scan components,
                 // otherwise if it-s non-interleaved, these routines iterate in
@@ -760,14 +772,14 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
         let Some(bit) = stream.next_bit_position(&mut self.stream) else {
             return;
         };
-        let mut dc = [0_i16; 3];
-        for (d, &k) in dc.iter_mut().zip(&self.z_order[..usize::from(self.num_scans)]) {
-            match i16::try_from(self.components[k].dc_pred) {
-                Ok(v) => *d = v,
-                Err(_) => return
-            }
+        let mut dc = [0_i32; 3];
+        let scan = &self.z_order[..usize::from(self.num_scans)];
+        for (d, &k) in dc.iter_mut().zip(scan) {
+            *d = self.components[k].dc_pred;
         }
-        index.set(row, col, Mark { bit, dc });
+        if let Some(mark) = Mark::new(bit, &dc[..scan.len()]) {
+            index.set(row, col, mark);
+        }
     }
 
     pub(crate) fn check_stream_marker_after_mcu_width(
@@ -1136,6 +1148,9 @@ struct RegionBounds {
     last_col:   usize,
     first_row:  usize,
     last_row:   usize,
+    /// The MCU columns and rows that hold the region's pixels (no margin), inclusive.
+    core_cols:  (usize, usize),
+    core_rows:  (usize, usize),
     first_byte: usize,
     end_byte:   usize,
     /// The columns colour-converted: the region's, widened to multiples of 16 pixels.

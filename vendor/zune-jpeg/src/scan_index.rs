@@ -16,16 +16,50 @@ use alloc::vec::Vec;
 /// Marks per MCU row, at evenly spaced MCU columns starting at 0.
 const MARKS_PER_ROW: usize = 4;
 
-/// Where an MCU's first bit is and the DC predictions (scan order) before it.
+/// Where an MCU's first bit is and the DC predictions (scan order) before it, in 8 bytes: the
+/// position `byte << 3 | bit` (the byte of the file holding the MCU's first bit and how many of
+/// its high bits precede it) in bits 0..27, then three 12-bit signed predictions (an 8-bit
+/// JPEG's quantised DC coefficients fit in 12 bits). All ones for a mark not seen yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Mark {
-    /// `byte << 3 | bit`: the byte of the file holding the MCU's first bit and how many of its
-    /// high bits precede it. `u32::MAX` for a mark not seen yet.
-    pub(crate) bit: u32,
-    pub(crate) dc:  [i16; 3]
-}
+pub(crate) struct Mark(u64);
 
-const UNKNOWN: Mark = Mark { bit: u32::MAX, dc: [0; 3] };
+const UNKNOWN: Mark = Mark(u64::MAX);
+const POSITION_BITS: u32 = 27;
+
+impl Mark {
+    /// `None` past the first 16 MiB of a file or for a prediction outside 12 bits.
+    pub(crate) fn new(bit: u32, dc: &[i32]) -> Option<Mark> {
+        let mut packed = u64::from(bit);
+        if packed >> POSITION_BITS != 0 || dc.len() > 3 {
+            return None;
+        }
+        for (i, &d) in dc.iter().enumerate() {
+            if !(-2048..2048).contains(&d) {
+                return None;
+            }
+            packed |= (d as u64 & 0xFFF) << (POSITION_BITS + 12 * i as u32);
+        }
+        (packed != u64::MAX).then_some(Mark(packed))
+    }
+
+    const fn known(self) -> bool {
+        self.0 != u64::MAX
+    }
+
+    /// The position `byte << 3 | bit`.
+    pub(crate) const fn bit(self) -> u32 {
+        (self.0 & ((1 << POSITION_BITS) - 1)) as u32
+    }
+
+    /// The DC predictions, in scan order.
+    pub(crate) fn dc(self) -> [i32; 3] {
+        core::array::from_fn(|i| {
+            let field = (self.0 >> (POSITION_BITS + 12 * i as u32)) & 0xFFF;
+            // Sign-extend 12 bits.
+            ((field << 52) as i64 >> 52) as i32
+        })
+    }
+}
 
 /// Entry points into one file's baseline scan, filled in by every decode that uses it (see
 /// [`crate::JpegDecoder::use_scan_index`]).
@@ -76,7 +110,7 @@ impl ScanIndex {
     /// (the first column of the region this decode is for) where the row has another.
     pub(crate) fn wants(&self, row: usize, col: usize, region_col: Option<usize>) -> bool {
         if col % self.cols_per_mark == 0 {
-            self.slot(row, col).is_some_and(|s| self.marks[s].bit == u32::MAX)
+            self.slot(row, col).is_some_and(|s| !self.marks[s].known())
         } else {
             region_col == Some(col)
                 && self.region_cols.get(row).is_some_and(|&c| usize::from(c) != col)
@@ -84,12 +118,12 @@ impl ScanIndex {
     }
 
     pub(crate) fn set(&mut self, row: usize, col: usize, mark: Mark) {
-        if mark.bit == u32::MAX {
+        if !mark.known() {
             return;
         }
         if col % self.cols_per_mark == 0 {
             if let Some(s) = self.slot(row, col) {
-                if self.marks[s].bit == u32::MAX {
+                if !self.marks[s].known() {
                     self.known += 1;
                 }
                 self.marks[s] = mark;
@@ -106,7 +140,7 @@ impl ScanIndex {
         let last = (col / self.cols_per_mark).min(self.marks_per_row - 1);
         let even = (0..=last).rev().find_map(|m| {
             let mark = *self.marks.get(row * self.marks_per_row + m)?;
-            (mark.bit != u32::MAX).then_some((m * self.cols_per_mark, mark))
+            mark.known().then_some((m * self.cols_per_mark, mark))
         });
         let region = self
             .region_cols
@@ -119,7 +153,7 @@ impl ScanIndex {
 
     /// Whether the mark at the start of `row` is known.
     pub(crate) fn row_start_known(&self, row: usize) -> bool {
-        self.marks.get(row * self.marks_per_row).is_some_and(|m| m.bit != u32::MAX)
+        self.marks.get(row * self.marks_per_row).is_some_and(|m| m.known())
     }
 
     fn slot(&self, row: usize, col: usize) -> Option<usize> {
