@@ -4,8 +4,8 @@ use std::io::Cursor;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
+use crate::slice_reader::SliceReader;
 use image::{ImageFormat, ImageReader, RgbImage};
-use zune_core::bytestream::ZCursor;
 use zune_core::colorspace::ColorSpace;
 use zune_core::options::DecoderOptions;
 
@@ -212,7 +212,7 @@ fn decode_jpeg_plan(
         .set_max_width(usize::MAX)
         .set_max_height(usize::MAX)
         .jpeg_set_out_colorspace(ColorSpace::RGB);
-    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
+    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(SliceReader::new(bytes), options);
     decoder.decode_headers().ok()?;
     if decoder.input_colorspace()? != ColorSpace::YCbCr {
         return None;

@@ -43,6 +43,7 @@ mod pil_resample;
 mod sampler;
 mod scale;
 mod scan_index;
+mod slice_reader;
 pub mod synthetic;
 pub mod transform;
 
