@@ -4,14 +4,19 @@ use std::io::Cursor;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
-use crate::slice_reader::SliceReader;
 use image::{ImageFormat, ImageReader, RgbImage};
 use zune_core::colorspace::ColorSpace;
 use zune_core::options::DecoderOptions;
 
 use crate::DataError;
 use crate::scan_index::ScanIndexCache;
+use crate::slice_reader::SliceReader;
 use crate::transform::CropBox;
+
+/// The file's bytes, or a bad-file error naming it.
+fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
+    std::fs::read(path).map_err(|e| bad(path, format!("cannot read: {e}")))
+}
 
 fn bad(path: &Path, reason: impl Into<String>) -> DataError {
     DataError::BadImage {
@@ -31,7 +36,7 @@ fn bad(path: &Path, reason: impl Into<String>) -> DataError {
 /// directory), empty, truncated, non-image or undecodable files. Never panics: a panic inside the
 /// decoder is caught and reported as a bad file.
 pub fn decode_file(path: &Path) -> Result<RgbImage, DataError> {
-    let bytes = std::fs::read(path).map_err(|e| bad(path, format!("cannot read: {e}")))?;
+    let bytes = read_file(path)?;
     decode_bytes(&bytes).map_err(|reason| bad(path, reason))
 }
 
@@ -70,8 +75,7 @@ pub fn decode_file_plan(
     path: &Path,
     plan: impl FnOnce(u32, u32, &[u32]) -> DecodePlan,
 ) -> Result<ScaledImage, DataError> {
-    let bytes = std::fs::read(path).map_err(|e| bad(path, format!("cannot read: {e}")))?;
-    decode_bytes_plan(&bytes, plan).map_err(|reason| bad(path, reason))
+    decode_file_with(path, plan, None, Vec::new())
 }
 
 /// [`decode_file_plan`] for file `file` of a dataset whose scan indexes `cache` keeps: a JPEG
@@ -86,8 +90,7 @@ pub fn decode_file_plan_indexed(
     cache: &ScanIndexCache,
     file: usize,
 ) -> Result<ScaledImage, DataError> {
-    let bytes = std::fs::read(path).map_err(|e| bad(path, format!("cannot read: {e}")))?;
-    decode_plan(&bytes, plan, Some((cache, file)), Vec::new()).map_err(|reason| bad(path, reason))
+    decode_file_with(path, plan, Some((cache, file)), Vec::new())
 }
 
 thread_local! {
@@ -104,9 +107,19 @@ pub(crate) fn decode_file_for_loader(
     plan: impl FnOnce(u32, u32, &[u32]) -> DecodePlan,
     index: Option<(&ScanIndexCache, usize)>,
 ) -> Result<ScaledImage, DataError> {
-    let bytes = std::fs::read(path).map_err(|e| bad(path, format!("cannot read: {e}")))?;
     let spare = SPARE_PIXELS.with_borrow_mut(std::mem::take);
-    decode_plan(&bytes, plan, index, spare).map_err(|reason| bad(path, reason))
+    decode_file_with(path, plan, index, spare)
+}
+
+/// The file versions of [`decode_plan`]: read, decode, name the file in the error.
+fn decode_file_with(
+    path: &Path,
+    plan: impl FnOnce(u32, u32, &[u32]) -> DecodePlan,
+    index: Option<(&ScanIndexCache, usize)>,
+    pixels: Vec<u8>,
+) -> Result<ScaledImage, DataError> {
+    let bytes = read_file(path)?;
+    decode_plan(&bytes, plan, index, pixels).map_err(|reason| bad(path, reason))
 }
 
 /// Hands a decoded sample's pixels back for this thread's next [`decode_file_for_loader`].
@@ -175,7 +188,7 @@ pub fn decode_file_region(
     path: &Path,
     region: impl FnOnce(u32, u32) -> Option<CropBox>,
 ) -> Result<RgbImage, DataError> {
-    let bytes = std::fs::read(path).map_err(|e| bad(path, format!("cannot read: {e}")))?;
+    let bytes = read_file(path)?;
     decode_bytes_region(&bytes, region).map_err(|reason| bad(path, reason))
 }
 
