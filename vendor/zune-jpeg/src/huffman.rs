@@ -22,6 +22,16 @@ use crate::errors::DecodeErrors;
 /// (its tables, 16 KiB each, spill the L1 cache).
 pub const HUFF_LOOKAHEAD: u8 = 11;
 
+/// Whether an `ac_lookup` entry decodes a whole coefficient (its code, run and value). Such an
+/// entry's value byte is never zero; an entry whose value byte is zero is either 0 (the code is
+/// longer than the lookahead, or the coefficient's value does not fit) or, not in upstream
+/// zune-jpeg, the end-of-block code's length.
+#[inline(always)]
+#[allow(clippy::cast_sign_loss)]
+pub(crate) const fn is_coefficient(entry: i16) -> bool {
+    entry as u16 >= 256
+}
+
 /// A struct which contains necessary tables for decoding a JPEG
 /// huffman encoded bitstream
 #[derive(Clone)]
@@ -246,7 +256,12 @@ impl HuffmanTable {
                     // length of the bit we've read
                     let len = i16::from(huff_size[fast_v as usize]);
 
-                    if mag_bits != 0 && (len + mag_bits) <= i16::from(HUFF_LOOKAHEAD) {
+                    if rs == 0 {
+                        // Not in upstream zune-jpeg: end of block, its code length alone (see
+                        // `is_coefficient`), so that `decode_mcu_block` ends a block without
+                        // the slow path's second lookup.
+                        fast_ac[i] = len;
+                    } else if mag_bits != 0 && (len + mag_bits) <= i16::from(HUFF_LOOKAHEAD) {
                         // magnitude code followed by receive_extend code
                         let mut k = (((i as i16) << len) & ((1 << HUFF_LOOKAHEAD) - 1))
                             >> (i16::from(HUFF_LOOKAHEAD) - mag_bits);

@@ -124,7 +124,7 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
         let mut marker = stream
             .marker
             .take()
-            .ok_or(DecodeErrors::FormatStatic("Marker missing where expected"))?;
+            .ok_or_else(|| DecodeErrors::FormatStatic("Marker missing where expected"))?;
 
         // if marker is EOI, we are done, otherwise continue scanning.
         //
@@ -264,7 +264,7 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
                             .get_mut(k)
                             .unwrap()
                             .get_mut(start..start + 64)
-                            .ok_or(DecodeErrors::FormatStatic("Slice to Small"))?
+                            .ok_or_else(|| DecodeErrors::FormatStatic("Slice to Small"))?
                             .try_into()
                             .unwrap();
 
@@ -273,11 +273,11 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
                             let dc_table = self
                                 .dc_huffman_tables
                                 .get(pos)
-                                .ok_or(DecodeErrors::FormatStatic(
+                                .ok_or_else(|| DecodeErrors::FormatStatic(
                                     "No huffman table for DC component"
                                 ))?
                                 .as_ref()
-                                .ok_or(DecodeErrors::FormatStatic(
+                                .ok_or_else(|| DecodeErrors::FormatStatic(
                                     "Huffman table at index  {} not initialized"
                                 ))?;
 
@@ -384,9 +384,9 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
                         let huff_table = self
                             .dc_huffman_tables
                             .get(component.dc_huff_table)
-                            .ok_or(DecodeErrors::FormatStatic("No huffman table for component"))?
+                            .ok_or_else(|| DecodeErrors::FormatStatic("No huffman table for component"))?
                             .as_ref()
-                            .ok_or(DecodeErrors::FormatStatic(
+                            .ok_or_else(|| DecodeErrors::FormatStatic(
                                 "Huffman table at index not initialized"
                             ))?;
 

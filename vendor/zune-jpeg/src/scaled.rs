@@ -127,10 +127,10 @@ impl<T: ZByteReaderTrait> JpegDecoder<T> {
                     let component = &mut self.components[k];
                     let dc_table = self.dc_huffman_tables[component.dc_huff_table % MAX_COMPONENTS]
                         .as_ref()
-                        .ok_or(DecodeErrors::FormatStatic("DC table not found"))?;
+                        .ok_or_else(|| DecodeErrors::FormatStatic("DC table not found"))?;
                     let ac_table = self.ac_huffman_tables[component.ac_huff_table % MAX_COMPONENTS]
                         .as_ref()
-                        .ok_or(DecodeErrors::FormatStatic("AC table not found"))?;
+                        .ok_or_else(|| DecodeErrors::FormatStatic("AC table not found"))?;
                     let (bw, bh) = blocks[k];
                     for v in 0..component.vertical_sample {
                         for h in 0..component.horizontal_sample {
