@@ -72,6 +72,13 @@ impl ScanIndexCache {
         (entry.file_len == file_len).then_some(entry.index)
     }
 
+    /// Whether file `file` holds an index made from `file_len` bytes: the file decoded
+    /// cleanly at that length before.
+    pub(crate) fn holds(&self, file: usize, file_len: usize) -> bool {
+        self.lock(file)
+            .is_some_and(|slot| slot.as_ref().is_some_and(|e| e.file_len == file_len))
+    }
+
     /// Puts back the index a decode of file `file` returned, if the budget allows. Where a
     /// concurrent decode of the same file put one back first, the one with more marks stays.
     pub(crate) fn put(&self, file: usize, file_len: usize, index: ScanIndex) {

@@ -115,6 +115,29 @@ fn later_epochs_give_the_same_batches_with_and_without_scan_indexes() {
 }
 
 #[test]
+fn a_file_truncated_after_it_was_indexed_is_rejected_in_the_next_epoch() {
+    // An indexed file is not walked for its end-of-image marker again while its length stays;
+    // cutting it changes the length, so the next epoch checks it and names it.
+    let (dir, f) = folder(&["a", "b"], 3);
+    let s = DistributedSampler::new(f.len(), 1, 0).expect("sampler");
+    let cfg = LoaderConfig::val(32, 8).with_policy(BadImagePolicy::Strict);
+    let mut l = Loader::new(f.clone(), s, cfg).expect("loader");
+    assert_eq!(collect(&mut l, 0).len(), 1);
+    assert!(l.scan_index_bytes() > 0, "epoch 0 indexed the files");
+    let victim = dir.path().join("b/img_001.jpg");
+    let bytes = std::fs::read(&victim).expect("read");
+    std::fs::write(&victim, &bytes[..bytes.len() - 100]).expect("write");
+    let err = l
+        .epoch(1)
+        .find_map(Result::err)
+        .expect("the cut file fails epoch 1");
+    assert!(
+        err.to_string().contains("img_001.jpg") && err.to_string().contains("truncated"),
+        "{err}"
+    );
+}
+
+#[test]
 fn an_epoch_started_at_a_batch_continues_as_the_whole_epoch_would() {
     let (_dir, f) = folder(&["a", "b", "c"], 7);
     let s = DistributedSampler::new(f.len(), 2, 1)
