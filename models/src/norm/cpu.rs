@@ -32,8 +32,7 @@ impl Planes {
     }
 
     fn plane_of<'a>(&self, data: &'a [f32], n: usize, c: usize) -> &'a [f32] {
-        let start = (n * self.channels + c) * self.plane;
-        &data[start..start + self.plane]
+        self.plane_at(data, n * self.channels + c)
     }
 
     /// Planes per parallel task: enough elements that rayon's overhead stays small.
