@@ -29,6 +29,7 @@ pub mod conv;
 mod error;
 pub mod nn;
 pub mod norm;
+pub mod pool;
 mod path;
 mod primitive;
 mod resnet;

@@ -161,7 +161,7 @@ impl<B: Backend> ResNet<B> {
     /// - returns: `[N, num_classes]`
     pub fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
         let x = relu(self.bn1.forward(self.conv1.forward(images)));
-        let mut x = self.maxpool.forward(x);
+        let mut x = crate::pool::max_pool2d(&self.maxpool, x);
         for block in self
             .layer1
             .iter()
