@@ -1,6 +1,6 @@
 use burn::module::Module;
 use burn::nn::{Initializer, PaddingConfig2d};
-use burn::tensor::{Tensor, activation::relu, backend::Backend};
+use burn::tensor::{Tensor, backend::Backend};
 
 use crate::nn::{BatchNorm, BatchNormConfig, Conv2d, Conv2dConfig};
 
@@ -114,12 +114,18 @@ impl<B: Backend> Block<B> {
             Some((conv, bn)) => bn.forward(conv.forward(x.clone())),
             None => x.clone(),
         };
-        let mut out = relu(self.bn1.forward(self.conv1.forward(x)));
-        out = self.bn2.forward(self.conv2.forward(out));
-        if let (Some(conv3), Some(bn3)) = (&self.conv3, &self.bn3) {
-            out = bn3.forward(conv3.forward(relu(out)));
+        // Each norm with the ReLU after it (and the last with the shortcut sum before that) is
+        // one op: `relu(bn(x) + identity)`, a pass over the activations instead of three.
+        let out = self.bn1.forward_relu(self.conv1.forward(x), None);
+        match (&self.conv3, &self.bn3) {
+            (Some(conv3), Some(bn3)) => {
+                let out = self.bn2.forward_relu(self.conv2.forward(out), None);
+                bn3.forward_relu(conv3.forward(out), Some(identity))
+            }
+            _ => self
+                .bn2
+                .forward_relu(self.conv2.forward(out), Some(identity)),
         }
-        relu(out + identity)
     }
 }
 

@@ -18,7 +18,8 @@
 //! drop-in for `burn::nn::conv::Conv2d`. BatchNorm runs our fused op ([`norm`]) on the CPU;
 //! [`nn::BatchNorm`] is a drop-in for `burn::nn::BatchNorm`. `BURN_HOROVOD_CONV=burn` or
 //! [`set_conv_impl`], and `BURN_HOROVOD_BATCHNORM=burn` or [`set_batch_norm_impl`], switch back to
-//! Burn's own ops.
+//! Burn's own ops. [`nn::BatchNorm::forward_relu`] is a norm, a residual sum and a ReLU in one
+//! op, and [`pool::max_pool2d`] the stem's max pool on the CPU (Burn's values to the bit).
 //!
 //! Parameter paths follow torchvision (`conv1`, `bn1`, `layer1.0.conv1`, `layer1.0.downsample.0`,
 //! `fc`), so [`torchvision`] can save and load weights as a torchvision `state_dict` in safetensors.
@@ -29,8 +30,8 @@ pub mod conv;
 mod error;
 pub mod nn;
 pub mod norm;
-pub mod pool;
 mod path;
+pub mod pool;
 mod primitive;
 mod resnet;
 mod switch;

@@ -2,7 +2,7 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig, MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
-use burn::tensor::{Tensor, activation::relu, backend::Backend};
+use burn::tensor::{Tensor, backend::Backend};
 
 use crate::block::{Block, batch_norm, conv};
 use crate::nn::{BatchNorm, Conv2d};
@@ -160,7 +160,7 @@ impl<B: Backend> ResNet<B> {
     /// - `images`: `[N, 3, H, W]` (any `H, W` ≥ 32)
     /// - returns: `[N, num_classes]`
     pub fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
-        let x = relu(self.bn1.forward(self.conv1.forward(images)));
+        let x = self.bn1.forward_relu(self.conv1.forward(images), None);
         let mut x = crate::pool::max_pool2d(&self.maxpool, x);
         for block in self
             .layer1

@@ -144,6 +144,93 @@ fn fused_batch_norm_matches_burns_on_odd_and_tiny_shapes() {
     check([8, 6, 1, 1], 5);
 }
 
+/// `forward_relu` (one fused op on Flex) against Burn's module, the residual sum and `relu` as
+/// separate ops: the output, the gradients of x, gamma, beta and the residual, the running mean,
+/// and inference.
+fn check_relu(shape: [usize; 4], seed: u64, with_residual: bool) {
+    use burn::tensor::activation::relu;
+    let device = Default::default();
+    let (ours, burns) = modules(shape[1], seed);
+    let what = |name: &str| format!("{shape:?}, residual {with_residual}: {name}");
+    let random = |mean| Tensor::<Inner, 4>::random(shape, Distribution::Normal(mean, 1.5), &device);
+    let (x, residual, dy) = (random(2.0), random(0.0), random(0.0));
+
+    type Forward<'a> = &'a dyn Fn(Tensor<Ad, 4>, Option<Tensor<Ad, 4>>) -> Tensor<Ad, 4>;
+    let run = |forward: Forward, gamma: &Param<Tensor<Ad, 1>>, beta: &Param<Tensor<Ad, 1>>| {
+        let x = Tensor::<Ad, 4>::from_inner(x.clone()).require_grad();
+        let r = with_residual.then(|| Tensor::<Ad, 4>::from_inner(residual.clone()).require_grad());
+        let y = forward(x.clone(), r.clone());
+        let grads = (y.clone() * Tensor::from_inner(dy.clone()))
+            .sum()
+            .backward();
+        let grad = |t: &Tensor<Ad, 1>| values(t.grad(&grads).expect("gamma/beta gradient"));
+        let dr = r.map(|r| values(r.grad(&grads).expect("residual gradient")));
+        (
+            values(y.inner()),
+            values(x.grad(&grads).expect("input gradient")),
+            grad(&gamma.val()),
+            grad(&beta.val()),
+            dr,
+        )
+    };
+    let separate = |y: Tensor<Ad, 4>, r: Option<Tensor<Ad, 4>>| {
+        relu(match r {
+            Some(r) => y + r,
+            None => y,
+        })
+    };
+    let (y, dx, dgamma, dbeta, dr) = run(&|x, r| ours.forward_relu(x, r), &ours.gamma, &ours.beta);
+    let (y_ref, dx_ref, dgamma_ref, dbeta_ref, dr_ref) = run(
+        &|x, r| separate(burns.forward(x), r),
+        &burns.gamma,
+        &burns.beta,
+    );
+    // The ReLU must cut: a share of the outputs zero, a share positive.
+    let zeros = y_ref.iter().filter(|&&v| v == 0.0).count();
+    assert!(
+        zeros > y_ref.len() / 10 && zeros < y_ref.len() * 9 / 10,
+        "{}",
+        what("the ReLU cuts")
+    );
+    assert_close(&what("output"), &y, &y_ref);
+    assert_close(&what("input gradient"), &dx, &dx_ref);
+    assert_close(&what("gamma gradient"), &dgamma, &dgamma_ref);
+    assert_close(&what("beta gradient"), &dbeta, &dbeta_ref);
+    assert_eq!(dr.is_some(), with_residual, "{}", what("residual gradient"));
+    if let (Some(dr), Some(dr_ref)) = (dr, dr_ref) {
+        assert_close(&what("residual gradient"), &dr, &dr_ref);
+    }
+    let running = |m: Tensor<Ad, 1>| values(m.inner());
+    assert_close(
+        &what("running mean"),
+        &running(ours.running_mean.value_sync()),
+        &running(burns.running_mean.value_sync()),
+    );
+
+    use burn::module::AutodiffModule;
+    let burns = burn::nn::BatchNorm {
+        running_var: burn::module::RunningState::new(ours.running_var.value_sync()),
+        ..burns
+    };
+    let (ours, burns) = (ours.valid(), burns.valid());
+    let r = with_residual.then(|| residual.clone());
+    let y = ours.forward_relu(x.clone(), r.clone());
+    let y_ref = relu(match r {
+        Some(r) => burns.forward(x) + r,
+        None => burns.forward(x),
+    });
+    assert_close(&what("inference output"), &values(y), &values(y_ref));
+}
+
+#[test]
+fn fused_norm_sum_and_relu_match_burns_ops() {
+    for with_residual in [false, true] {
+        check_relu([4, 8, 16, 16], 11, with_residual);
+        check_relu([3, 5, 3, 5], 12, with_residual);
+        check_relu([2, 16, 7, 7], 13, with_residual);
+    }
+}
+
 #[test]
 fn other_ranks_run_burns_arithmetic() {
     let device = Default::default();

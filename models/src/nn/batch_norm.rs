@@ -6,6 +6,7 @@
 use burn::config::Config;
 use burn::module::{Initializer, Module, Param, RunningState};
 use burn::tensor::Tensor;
+use burn::tensor::activation::relu;
 use burn::tensor::backend::Backend;
 
 use crate::norm::{dispatch, reference};
@@ -62,6 +63,8 @@ impl BatchNormConfig {
     }
 }
 
+type InputAndResidual<B> = (Tensor<B, 4>, Option<Tensor<B, 4>>);
+
 impl<B: Backend> BatchNorm<B> {
     /// # Shapes
     /// - `input`: `[N, C, ...]`
@@ -117,6 +120,54 @@ impl<B: Backend> BatchNorm<B> {
                 self.beta.val(),
                 self.epsilon,
             )
+        }
+    }
+
+    /// `relu(self.forward(input) + residual)`, the residual only where given: a ResNet block's
+    /// norm, shortcut sum and ReLU, in one pass and one autodiff node where the backend has our
+    /// fused op, else in Burn's ops.
+    ///
+    /// # Shapes
+    /// - `input`, `residual`, returns: `[N, C, H, W]`
+    pub fn forward_relu(
+        &self,
+        input: Tensor<B, 4>,
+        residual: Option<Tensor<B, 4>>,
+    ) -> Tensor<B, 4> {
+        let (input, residual) = if batch_norm_impl() == OpImpl::Fast {
+            match self.fused_relu(input, residual) {
+                Ok(y) => return y,
+                Err(args) => args,
+            }
+        } else {
+            (input, residual)
+        };
+        let y = self.forward(input);
+        relu(match residual {
+            Some(r) => y + r,
+            None => y,
+        })
+    }
+
+    /// [`fused`](Self::fused) with the residual sum and the ReLU, or the arguments back.
+    fn fused_relu(
+        &self,
+        x: Tensor<B, 4>,
+        residual: Option<Tensor<B, 4>>,
+    ) -> Result<Tensor<B, 4>, InputAndResidual<B>> {
+        let (gamma, beta) = (self.gamma.val(), self.beta.val());
+        if B::ad_enabled(&x.device()) {
+            let [n, _, h, w] = x.dims();
+            let (y, mean, var) = dispatch::train_relu(((x, gamma, beta), residual), self.epsilon)
+                .map_err(|((x, _, _), residual)| (x, residual))?;
+            self.update_running(mean, var, n * h * w);
+            Ok(y)
+        } else {
+            let device = x.device();
+            let mean = self.running_mean.value().to_device(&device);
+            let var = self.running_var.value().to_device(&device);
+            dispatch::eval_relu(((x, gamma, beta, mean, var), residual), self.epsilon)
+                .map_err(|((x, ..), residual)| (x, residual))
         }
     }
 

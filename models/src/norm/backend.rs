@@ -1,18 +1,12 @@
-//! [`BatchNormBackend`]: BatchNorm over `[N, C, H, W]` as a backend extension, its CPU kernels
-//! for Flex, and its autodiff (one graph node instead of Burn's chain of broadcasting ops).
+//! [`BatchNormBackend`]: BatchNorm over `[N, C, H, W]` as a backend extension, and its CPU
+//! kernels for Flex (its autodiff is in `autodiff.rs`).
 
-use burn::backend::Autodiff;
-use burn::backend::autodiff::NodeId;
-use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::{ActivationOps, FloatTensor};
 use burn::tensor::{DType, Tensor, TensorMetadata};
 use burn_flex::{Flex, FlexTensor};
 
-use super::cpu::{self, Planes};
+use super::cpu::{self, Planes, Then};
 use super::reference;
 use crate::primitive::{contiguous, flex_f32, float, primitive, values};
 
@@ -36,6 +30,16 @@ pub struct BatchNormGrads<B: Backend> {
     pub gamma: FloatTensor<B>,
     /// `[C]`.
     pub beta: FloatTensor<B>,
+}
+
+/// Gradients of a training forward that ended in a ReLU
+/// ([`BatchNormBackend::batch_norm_relu_train`]).
+#[derive(Debug)]
+pub struct BatchNormReluGrads<B: Backend> {
+    /// The BatchNorm's inputs' gradients.
+    pub norm: BatchNormGrads<B>,
+    /// The residual's gradient (the output gradient where the output was positive), when asked.
+    pub residual: Option<FloatTensor<B>>,
 }
 
 /// A backend with its own BatchNorm over `[N, C, H, W]`.
@@ -81,6 +85,66 @@ pub trait BatchNormBackend: Backend {
     ) -> FloatTensor<Self> {
         reference_eval::<Self>(x, gamma, beta, mean, var, epsilon)
     }
+
+    /// `relu(batch_norm_train(x) + residual)`, the residual only where given: a ResNet block's
+    /// BatchNorm, shortcut sum and ReLU. `output` is the ReLU's.
+    fn batch_norm_relu_train(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        residual: Option<FloatTensor<Self>>,
+        epsilon: f64,
+    ) -> BatchNormOutput<Self> {
+        let out = Self::batch_norm_train(x, gamma, beta, epsilon);
+        BatchNormOutput {
+            output: relu_of_sum::<Self>(out.output, residual),
+            ..out
+        }
+    }
+
+    /// Gradients of [`batch_norm_relu_train`](Self::batch_norm_relu_train) given its output
+    /// and output gradient; the residual's too when `residual`.
+    #[allow(clippy::too_many_arguments)]
+    fn batch_norm_relu_grads(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        var: FloatTensor<Self>,
+        output: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        residual: bool,
+        epsilon: f64,
+    ) -> BatchNormReluGrads<Self> {
+        let dy = Self::relu_backward(output, output_grad);
+        BatchNormReluGrads {
+            residual: residual.then(|| dy.clone()),
+            norm: Self::batch_norm_grads(x, gamma, mean, var, dy, epsilon),
+        }
+    }
+
+    /// [`batch_norm_eval`](Self::batch_norm_eval), the residual added where given, then a ReLU.
+    #[allow(clippy::too_many_arguments)]
+    fn batch_norm_relu_eval(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        var: FloatTensor<Self>,
+        residual: Option<FloatTensor<Self>>,
+        epsilon: f64,
+    ) -> FloatTensor<Self> {
+        let y = Self::batch_norm_eval(x, gamma, beta, mean, var, epsilon);
+        relu_of_sum::<Self>(y, residual)
+    }
+}
+
+/// `relu(y + residual)` in Burn's ops.
+fn relu_of_sum<B: Backend>(y: FloatTensor<B>, residual: Option<FloatTensor<B>>) -> FloatTensor<B> {
+    let sum = match residual {
+        Some(r) => B::float_add(y, r),
+        None => y,
+    };
+    B::relu(sum)
 }
 
 /// The layout when our kernels handle the case (4-D `f32` input, `[C]` `f32` parameters).
@@ -111,8 +175,14 @@ impl BatchNormBackend for Flex {
         };
         let shape = x.shape().to_vec();
         let [x, gamma, beta] = [x, gamma, beta].map(contiguous);
-        let (y, mean, var) =
-            cpu::train_forward(&p, values(&x), values(&gamma), values(&beta), epsilon);
+        let (y, mean, var) = cpu::train_forward(
+            &p,
+            values(&x),
+            values(&gamma),
+            values(&beta),
+            epsilon,
+            Then::Nothing,
+        );
         BatchNormOutput {
             output: flex_f32(y, &shape),
             mean: flex_f32(mean, &[p.channels]),
@@ -139,6 +209,7 @@ impl BatchNormBackend for Flex {
             &p,
             values(&x),
             values(&dy),
+            None,
             values(&gamma),
             values(&mean),
             values(&var),
@@ -173,6 +244,123 @@ impl BatchNormBackend for Flex {
         );
         flex_f32(cpu::scale_shift(&p, values(&x), &scale, &shift), &shape)
     }
+
+    fn batch_norm_relu_train(
+        x: FlexTensor,
+        gamma: FlexTensor,
+        beta: FlexTensor,
+        residual: Option<FlexTensor>,
+        epsilon: f64,
+    ) -> BatchNormOutput<Self> {
+        let planes = flex_planes(&x, &[&gamma, &beta]).filter(|_| same_as(residual.as_ref(), &x));
+        let Some(p) = planes else {
+            let out = reference_train::<Self>(x, gamma, beta, epsilon);
+            return BatchNormOutput {
+                output: relu_of_sum::<Self>(out.output, residual),
+                ..out
+            };
+        };
+        let shape = x.shape().to_vec();
+        let [x, gamma, beta] = [x, gamma, beta].map(contiguous);
+        let residual = residual.map(contiguous);
+        let (y, mean, var) = cpu::train_forward(
+            &p,
+            values(&x),
+            values(&gamma),
+            values(&beta),
+            epsilon,
+            Then::Relu {
+                residual: residual.as_ref().map(values),
+            },
+        );
+        BatchNormOutput {
+            output: flex_f32(y, &shape),
+            mean: flex_f32(mean, &[p.channels]),
+            var: flex_f32(var, &[p.channels]),
+        }
+    }
+
+    fn batch_norm_relu_grads(
+        x: FlexTensor,
+        gamma: FlexTensor,
+        mean: FlexTensor,
+        var: FlexTensor,
+        output: FlexTensor,
+        output_grad: FlexTensor,
+        residual: bool,
+        epsilon: f64,
+    ) -> BatchNormReluGrads<Self> {
+        let planes = flex_planes(&x, &[&gamma, &mean, &var])
+            .filter(|_| same_as(Some(&output_grad), &x) && same_as(Some(&output), &x));
+        let Some(p) = planes else {
+            let dy = Self::relu_backward(output, output_grad);
+            return BatchNormReluGrads {
+                residual: residual.then(|| dy.clone()),
+                norm: reference_grads::<Self>(x, gamma, mean, var, dy, epsilon),
+            };
+        };
+        let shape = x.shape().to_vec();
+        let [x, gamma, mean, var, y, dy] =
+            [x, gamma, mean, var, output, output_grad].map(contiguous);
+        let (dx, dgamma, dbeta) = cpu::backward(
+            &p,
+            values(&x),
+            values(&dy),
+            Some(values(&y)),
+            values(&gamma),
+            values(&mean),
+            values(&var),
+            epsilon,
+        );
+        let residual =
+            residual.then(|| flex_f32(cpu::relu_grad(&p, values(&y), values(&dy)), &shape));
+        BatchNormReluGrads {
+            norm: BatchNormGrads {
+                x: flex_f32(dx, &shape),
+                gamma: flex_f32(dgamma, &[p.channels]),
+                beta: flex_f32(dbeta, &[p.channels]),
+            },
+            residual,
+        }
+    }
+
+    fn batch_norm_relu_eval(
+        x: FlexTensor,
+        gamma: FlexTensor,
+        beta: FlexTensor,
+        mean: FlexTensor,
+        var: FlexTensor,
+        residual: Option<FlexTensor>,
+        epsilon: f64,
+    ) -> FlexTensor {
+        let planes = flex_planes(&x, &[&gamma, &beta, &mean, &var])
+            .filter(|_| same_as(residual.as_ref(), &x));
+        let Some(p) = planes else {
+            let y = reference_eval::<Self>(x, gamma, beta, mean, var, epsilon);
+            return relu_of_sum::<Self>(y, residual);
+        };
+        let shape = x.shape().to_vec();
+        let [x, gamma, beta, mean, var] = [x, gamma, beta, mean, var].map(contiguous);
+        let residual = residual.map(contiguous);
+        let (scale, shift) = cpu::affine(
+            values(&mean),
+            values(&var),
+            values(&gamma),
+            values(&beta),
+            epsilon,
+        );
+        let r = residual.as_ref().map(values);
+        flex_f32(
+            cpu::scale_shift_relu(&p, values(&x), &scale, &shift, r),
+            &shape,
+        )
+    }
+}
+
+/// Whether `t`, where given, is an f32 tensor of `x`'s shape (what the fused passes read beside
+/// `x`).
+fn same_as(t: Option<&FlexTensor>, x: &FlexTensor) -> bool {
+    t.is_none_or(|t| t.dtype() == DType::F32 && t.shape() == x.shape())
 }
 
 // The trait's default bodies, as functions so that an override can fall back to them.
@@ -247,72 +435,6 @@ fn reference_eval<B: Backend>(
         float(beta),
         epsilon,
     ))
-}
-
-impl<B: BatchNormBackend, C: CheckpointStrategy> BatchNormBackend for Autodiff<B, C> {
-    fn batch_norm_train(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        epsilon: f64,
-    ) -> BatchNormOutput<Self> {
-        #[derive(Debug)]
-        struct BatchNormBackward;
-
-        impl<B: BatchNormBackend> Backward<B, 3> for BatchNormBackward {
-            type State = (NodeId, NodeId, FloatTensor<B>, FloatTensor<B>, f64);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 3>,
-                grads: &mut Gradients,
-                checkpointer: &mut Checkpointer,
-            ) {
-                let [node_x, node_gamma, node_beta] = ops.parents;
-                let grad = grads.consume::<B>(&ops.node);
-                let (x_state, gamma_state, mean, var, epsilon) = ops.state;
-                let x: FloatTensor<B> = checkpointer.retrieve_node_output(x_state);
-                let gamma: FloatTensor<B> = checkpointer.retrieve_node_output(gamma_state);
-                let g = B::batch_norm_grads(x, gamma, mean, var, grad, epsilon);
-                for (node, grad) in [(node_x, g.x), (node_gamma, g.gamma), (node_beta, g.beta)] {
-                    if let Some(node) = node {
-                        grads.register::<B>(node.id, grad);
-                    }
-                }
-            }
-        }
-
-        let prepared = BatchNormBackward
-            .prepare::<C>([x.node.clone(), gamma.node.clone(), beta.node.clone()])
-            .compute_bound()
-            .stateful();
-        let (output, mean, var) = match prepared {
-            OpsKind::Tracked(mut prep) => {
-                let x_state = prep.checkpoint(&x);
-                let gamma_state = prep.checkpoint(&gamma);
-                let inner =
-                    B::batch_norm_train(x.primitive, gamma.primitive, beta.primitive, epsilon);
-                let state = (
-                    x_state,
-                    gamma_state,
-                    inner.mean.clone(),
-                    inner.var.clone(),
-                    epsilon,
-                );
-                (prep.finish(state, inner.output), inner.mean, inner.var)
-            }
-            OpsKind::UnTracked(prep) => {
-                let inner =
-                    B::batch_norm_train(x.primitive, gamma.primitive, beta.primitive, epsilon);
-                (prep.finish(inner.output), inner.mean, inner.var)
-            }
-        };
-        BatchNormOutput {
-            output,
-            mean: <Self as AutodiffBackend>::from_inner(mean),
-            var: <Self as AutodiffBackend>::from_inner(var),
-        }
-    }
 }
 
 #[cfg(test)]

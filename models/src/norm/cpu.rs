@@ -45,20 +45,33 @@ const LANES: usize = 8;
 
 /// `Σ f(a[i], b[i])` in eight `f32` lanes, returned as `f64`.
 fn lane_sum(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f64 {
+    lane_sum3(a, b, b, |x, y, _| f(x, y))
+}
+
+/// `Σ f(a[i], b[i], c[i])` in eight `f32` lanes, returned as `f64`.
+fn lane_sum3(a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f32) -> f32) -> f64 {
     let mut acc = [0f32; LANES];
-    let (a_body, a_tail) = a.split_at(a.len() - a.len() % LANES);
-    let b_body = &b[..a_body.len()];
-    for (ca, cb) in a_body.chunks_exact(LANES).zip(b_body.chunks_exact(LANES)) {
+    let body = a.len() - a.len() % LANES;
+    let (b, c) = (&b[..a.len()], &c[..a.len()]);
+    let chunks = a[..body]
+        .chunks_exact(LANES)
+        .zip(b[..body].chunks_exact(LANES))
+        .zip(c[..body].chunks_exact(LANES));
+    for ((ca, cb), cc) in chunks {
         for l in 0..LANES {
-            acc[l] += f(ca[l], cb[l]);
+            acc[l] += f(ca[l], cb[l], cc[l]);
         }
     }
-    let tail: f32 = a_tail
-        .iter()
-        .zip(&b[a_body.len()..])
-        .map(|(&x, &y)| f(x, y))
+    let tail: f32 = (a[body..].iter().zip(&b[body..]).zip(&c[body..]))
+        .map(|((&x, &y), &z)| f(x, y, z))
         .sum();
     acc.iter().map(|&v| f64::from(v)).sum::<f64>() + f64::from(tail)
+}
+
+/// The gradient that passes a ReLU whose output was `y` (Burn's rule: where `y > 0`).
+#[inline(always)]
+fn through_relu(y: f32, dy: f32) -> f32 {
+    if y > 0.0 { dy } else { 0.0 }
 }
 
 /// Per-channel mean and biased variance (Burn's, and what normalises a batch in training).
@@ -90,6 +103,42 @@ pub(crate) fn scale_shift(p: &Planes, x: &[f32], scale: &[f32], shift: &[f32]) -
     planes_into_new(x.len(), p, |i| {
         let (a, b) = (scale[i % p.channels], shift[i % p.channels]);
         p.plane_at(x, i).iter().map(move |&x| x * a + b)
+    })
+}
+
+/// `y = max(x · scale[c] + shift[c] (+ residual), 0)`: the normalisation, a residual sum and the
+/// ReLU after it in one pass (each a pass over the activations of its own otherwise, on one
+/// thread in Flex). The same arithmetic, in the same order, as the three ops.
+pub(crate) fn scale_shift_relu(
+    p: &Planes,
+    x: &[f32],
+    scale: &[f32],
+    shift: &[f32],
+    residual: Option<&[f32]>,
+) -> Vec<f32> {
+    match residual {
+        None => planes_into_new(x.len(), p, |i| {
+            let (a, b) = (scale[i % p.channels], shift[i % p.channels]);
+            p.plane_at(x, i).iter().map(move |&x| (x * a + b).max(0.0))
+        }),
+        Some(r) => {
+            assert_eq!(r.len(), x.len(), "BatchNorm: residual size");
+            planes_into_new(x.len(), p, |i| {
+                let (a, b) = (scale[i % p.channels], shift[i % p.channels]);
+                (p.plane_at(x, i).iter())
+                    .zip(p.plane_at(r, i))
+                    .map(move |(&x, &r)| (x * a + b + r).max(0.0))
+            })
+        }
+    }
+}
+
+/// The gradient at a ReLU's input from its output `y` and output gradient `dy`.
+pub(crate) fn relu_grad(p: &Planes, y: &[f32], dy: &[f32]) -> Vec<f32> {
+    planes_into_new(y.len(), p, |i| {
+        (p.plane_at(y, i).iter())
+            .zip(p.plane_at(dy, i))
+            .map(|(&y, &d)| through_relu(y, d))
     })
 }
 
@@ -150,6 +199,15 @@ pub(crate) fn affine(
         .unzip()
 }
 
+/// What follows the normalisation in the same pass.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Then<'a> {
+    /// Nothing: the normalised values.
+    Nothing,
+    /// A ReLU, after adding `residual` where there is one.
+    Relu { residual: Option<&'a [f32]> },
+}
+
 /// Training forward: `(y, mean, biased var)`.
 pub(crate) fn train_forward(
     p: &Planes,
@@ -157,10 +215,15 @@ pub(crate) fn train_forward(
     gamma: &[f32],
     beta: &[f32],
     epsilon: f64,
+    then: Then<'_>,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (mean, var) = batch_stats(p, x);
     let (scale, shift) = affine(&mean, &var, gamma, beta, epsilon);
-    (scale_shift(p, x, &scale, &shift), mean, var)
+    let y = match then {
+        Then::Nothing => scale_shift(p, x, &scale, &shift),
+        Then::Relu { residual } => scale_shift_relu(p, x, &scale, &shift, residual),
+    };
+    (y, mean, var)
 }
 
 /// Gradients of a training forward: `(dx, dgamma, dbeta)`, with `x̂ = (x − mean)·r`,
@@ -168,25 +231,56 @@ pub(crate) fn train_forward(
 /// - `dbeta = Σ dy`, `dgamma = Σ dy·x̂`
 /// - `dx = gamma·r·(dy − dbeta/M − x̂·dgamma/M)`, one multiply-add per element:
 ///   `dx = k1·dy + k2·(x − mean) + k3`.
+///
+/// With `relu_output`, the forward ended in a ReLU with that output: `dy` is masked where it was
+/// not positive, inside both passes (no masked copy of `dy` is made).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     p: &Planes,
     x: &[f32],
     dy: &[f32],
+    relu_output: Option<&[f32]>,
     gamma: &[f32],
     mean: &[f32],
     var: &[f32],
     epsilon: f64,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    match relu_output {
+        Some(y) => {
+            assert_eq!(y.len(), dy.len(), "BatchNorm: ReLU output size");
+            backward_masked::<true>(p, x, dy, y, gamma, mean, var, epsilon)
+        }
+        // `y` is then `dy` itself, and unread: `RELU` is a constant the loops are compiled for.
+        None => backward_masked::<false>(p, x, dy, dy, gamma, mean, var, epsilon),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward_masked<const RELU: bool>(
+    p: &Planes,
+    x: &[f32],
+    dy: &[f32],
+    y: &[f32],
+    gamma: &[f32],
+    mean: &[f32],
+    var: &[f32],
+    epsilon: f64,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let grad = |y: f32, d: f32| if RELU { through_relu(y, d) } else { d };
     let r = inv_std(var, epsilon);
     let (sum_dy, sum_dy_centred): (Vec<f64>, Vec<f64>) = (0..p.channels)
         .into_par_iter()
         .map(|c| {
             let mu = mean[c];
             (0..p.batch).fold((0f64, 0f64), |(s, t), n| {
-                let (xp, dp) = (p.plane_of(x, n, c), p.plane_of(dy, n, c));
+                let (xp, dp, yp) = (
+                    p.plane_of(x, n, c),
+                    p.plane_of(dy, n, c),
+                    p.plane_of(y, n, c),
+                );
                 (
-                    s + lane_sum(dp, dp, |d, _| d),
-                    t + lane_sum(xp, dp, |x, d| (x - mu) * d),
+                    s + lane_sum(dp, yp, |d, y| grad(y, d)),
+                    t + lane_sum3(xp, dp, yp, |x, d, y| (x - mu) * grad(y, d)),
                 )
             })
         })
@@ -210,7 +304,8 @@ pub(crate) fn backward(
         let (k1, k2, k0) = k[i % p.channels];
         (p.plane_at(x, i).iter())
             .zip(p.plane_at(dy, i))
-            .map(move |(&x, &dy)| dy * k1 + x * k2 + k0)
+            .zip(p.plane_at(y, i))
+            .map(move |((&x, &dy), &y)| grad(y, dy) * k1 + x * k2 + k0)
     });
     (dx, dgamma, dbeta)
 }
@@ -276,8 +371,8 @@ mod tests {
         let gamma = [0.5f32, -1.5];
         let beta = [0.0f32, 0.0];
         let eps = 1e-5;
-        let (y, mean, var) = train_forward(&p, &x, &gamma, &beta, eps);
-        let (dx, dgamma, dbeta) = backward(&p, &x, &dy, &gamma, &mean, &var, eps);
+        let (y, mean, var) = train_forward(&p, &x, &gamma, &beta, eps, Then::Nothing);
+        let (dx, dgamma, dbeta) = backward(&p, &x, &dy, None, &gamma, &mean, &var, eps);
         let (y_ref, dx_ref, dgamma_ref) = naive(&p, &x, &dy, &gamma, eps);
         let close = |a: f32, b: f64, what: &str| {
             assert!(

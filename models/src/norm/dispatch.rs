@@ -40,6 +40,37 @@ pub(crate) fn train<B: Backend>(
     train_on::<B, Autodiff<Flex>>(args, epsilon)
 }
 
+type ReluArgs<B> = (TrainArgs<B>, Option<Tensor<B, 4>>);
+
+fn train_relu_on<B: Backend, E: BatchNormBackend>(
+    args: ReluArgs<B>,
+    epsilon: f64,
+) -> Result<TrainOutput<B>, ReluArgs<B>> {
+    let ((x, gamma, beta), residual) = cast::<ReluArgs<B>, ReluArgs<E>>(args)?;
+    let out = E::batch_norm_relu_train(
+        primitive(x),
+        primitive(gamma),
+        primitive(beta),
+        residual.map(primitive),
+        epsilon,
+    );
+    let out: TrainOutput<E> = (float(out.output), float(out.mean), float(out.var));
+    Ok(cast(out).unwrap_or_else(|_| unreachable!("B is E")))
+}
+
+/// `relu(batch_norm(x) + residual)` (the residual where given) in training, through the fused
+/// kernels, or the arguments back when `B` has none.
+pub(crate) fn train_relu<B: Backend>(
+    args: ReluArgs<B>,
+    epsilon: f64,
+) -> Result<TrainOutput<B>, ReluArgs<B>> {
+    let args = match train_relu_on::<B, Flex>(args, epsilon) {
+        Ok(out) => return Ok(out),
+        Err(args) => args,
+    };
+    train_relu_on::<B, Autodiff<Flex>>(args, epsilon)
+}
+
 type EvalArgs<B> = (
     Tensor<B, 4>,
     Tensor<B, 1>,
@@ -61,6 +92,27 @@ pub(crate) fn eval<B: Backend>(
         primitive(beta),
         primitive(mean),
         primitive(var),
+        epsilon,
+    );
+    Ok(cast(float::<Flex, 4>(y)).unwrap_or_else(|_| unreachable!("B is Flex")))
+}
+
+type ReluEvalArgs<B> = (EvalArgs<B>, Option<Tensor<B, 4>>);
+
+/// [`eval`] with the residual added where given and a ReLU, in one pass.
+pub(crate) fn eval_relu<B: Backend>(
+    args: ReluEvalArgs<B>,
+    epsilon: f64,
+) -> Result<Tensor<B, 4>, ReluEvalArgs<B>> {
+    let ((x, gamma, beta, mean, var), residual) =
+        cast::<ReluEvalArgs<B>, ReluEvalArgs<Flex>>(args)?;
+    let y = Flex::batch_norm_relu_eval(
+        primitive(x),
+        primitive(gamma),
+        primitive(beta),
+        primitive(mean),
+        primitive(var),
+        residual.map(primitive),
         epsilon,
     );
     Ok(cast(float::<Flex, 4>(y)).unwrap_or_else(|_| unreachable!("B is Flex")))

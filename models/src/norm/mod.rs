@@ -2,9 +2,10 @@
 //! CPU kernels for Flex and one autodiff node; [`crate::batch_norm_impl`] switches back to Burn's
 //! arithmetic for comparison. [`crate::nn::BatchNorm`] is the module.
 
+mod autodiff;
 mod backend;
 mod cpu;
 pub(crate) mod dispatch;
 pub(crate) mod reference;
 
-pub use backend::{BatchNormBackend, BatchNormGrads, BatchNormOutput};
+pub use backend::{BatchNormBackend, BatchNormGrads, BatchNormOutput, BatchNormReluGrads};
