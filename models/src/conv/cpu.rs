@@ -11,6 +11,7 @@
 
 use std::borrow::Cow;
 use std::cell::Cell;
+use std::mem::MaybeUninit;
 
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -330,22 +331,61 @@ pub(super) fn transposed(data: &[f32], row_stride: usize) -> Mat<*const f32> {
 /// `lhs` and `rhs` must address `m×k` and `k×n` elements inside live allocations with their
 /// strides, and must not overlap `dst`.
 pub(super) unsafe fn matmul(
-    [m, k, n]: [usize; 3],
+    dims: [usize; 3],
     dst: &mut [f32],
     accumulate: bool,
     lhs: Mat<*const f32>,
     rhs: Mat<*const f32>,
     parallelism: Parallelism,
 ) {
+    let [m, _, n] = dims;
     assert!(dst.len() >= m * n, "matmul: destination too small");
-    // SAFETY: `dst` holds `m×n` elements (checked above) in row-major order; the caller vouches
-    // for `lhs` and `rhs`. gemm computes dst := 1·dst + 1·lhs·rhs when reading dst, else lhs·rhs.
+    // SAFETY: `dst` holds `m×n` elements (checked above); the caller vouches for the operands.
+    unsafe { gemm_into(dims, dst.as_mut_ptr(), accumulate, lhs, rhs, parallelism) }
+}
+
+/// `dst[m, n] = lhs[m, k] · rhs[k, n]` into memory not yet written: gemm, not reading `dst`,
+/// writes every element, so a fresh buffer needs no zeroing first (a `memset` per call).
+///
+/// # Safety
+/// As [`matmul`].
+unsafe fn matmul_uninit(
+    dims: [usize; 3],
+    dst: &mut [MaybeUninit<f32>],
+    lhs: Mat<*const f32>,
+    rhs: Mat<*const f32>,
+    parallelism: Parallelism,
+) {
+    let [m, k, n] = dims;
+    assert!(dst.len() >= m * n, "matmul: destination too small");
+    if k == 0 {
+        // An empty sum: gemm may leave `dst` as it is.
+        dst[..m * n].fill(MaybeUninit::new(0.0));
+        return;
+    }
+    // SAFETY: as in `matmul`; gemm writes `dst` without reading it when not accumulating.
+    unsafe { gemm_into(dims, dst.as_mut_ptr().cast(), false, lhs, rhs, parallelism) }
+}
+
+/// # Safety
+/// `dst` must address `m×n` writable elements, initialised where `accumulate`; the operands as
+/// in [`matmul`].
+unsafe fn gemm_into(
+    [m, k, n]: [usize; 3],
+    dst: *mut f32,
+    accumulate: bool,
+    lhs: Mat<*const f32>,
+    rhs: Mat<*const f32>,
+    parallelism: Parallelism,
+) {
+    // SAFETY: the callers' contract, `dst` row-major. gemm computes dst := 1·dst + 1·lhs·rhs
+    // when reading dst, else lhs·rhs.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            dst.as_mut_ptr(),
+            dst,
             1,
             n as isize,
             accumulate,
@@ -694,36 +734,41 @@ fn weight_grad_partials(g: &Geometry, x: &[f32], dy: &[f32], order: Order) -> Ve
         .par_iter()
         .map(|range| {
             let mut group = Group::new(g, range.clone(), parallelism);
-            let mut dw = vec![0.0f32; k * g.c_out];
-            for (i, (start, nb)) in group.chunks().enumerate() {
+            let len = k * g.c_out;
+            // The first chunk's GEMM writes the partial, the others add to it.
+            let mut dw: Vec<f32> = Vec::with_capacity(len);
+            for (start, nb) in group.chunks() {
                 let cols = nb * p;
                 let x = &x[start * g.image_len()..][..nb * g.image_len()];
                 let col = columns(g, x, nb, &mut group.col);
                 let dy = &dy[start * g.out_image_len()..][..nb * g.out_image_len()];
                 let dy = side_by_side(g, dy, nb, &mut group.wide);
-                // SAFETY: col is [K, cols] and dy [Co, cols]; colᵀ and dyᵀ read them with
-                // swapped strides.
+                // colᵀ and dyᵀ read col [K, cols] and dy [Co, cols] with swapped strides.
+                let (dims, lhs, rhs) = match order {
+                    Order::Transposed => {
+                        ([k, cols, g.c_out], rows(col, cols), transposed(dy, cols))
+                    }
+                    Order::Direct => ([g.c_out, cols, k], rows(dy, cols), transposed(col, cols)),
+                };
+                // SAFETY: the operands lie inside col and dy as described above.
                 unsafe {
-                    match order {
-                        Order::Transposed => matmul(
-                            [k, cols, g.c_out],
-                            &mut dw,
-                            i > 0,
-                            rows(col, cols),
-                            transposed(dy, cols),
+                    if dw.is_empty() {
+                        matmul_uninit(
+                            dims,
+                            &mut dw.spare_capacity_mut()[..len],
+                            lhs,
+                            rhs,
                             group.parallelism,
-                        ),
-                        Order::Direct => matmul(
-                            [g.c_out, cols, k],
-                            &mut dw,
-                            i > 0,
-                            rows(dy, cols),
-                            transposed(col, cols),
-                            group.parallelism,
-                        ),
+                        );
+                        // SAFETY: `matmul_uninit` wrote all `len` elements.
+                        dw.set_len(len);
+                    } else {
+                        matmul(dims, &mut dw, true, lhs, rhs, group.parallelism);
                     }
                 }
             }
+            // A group without images (none is planned) contributes nothing.
+            dw.resize(len, 0.0);
             dw
         })
         .collect()
@@ -750,12 +795,20 @@ fn combine_partials(
         }
         return dw;
     }
-    let mut dw = vec![0.0f32; c_out * k_full];
     let full_row = |r: usize| full_rows.map_or(r, |rows| rows[r]);
+    // The dead taps' rows of the full kernel (none without `full_rows`): zero.
+    let dead: Vec<usize> = full_rows.map_or_else(Vec::new, |rows| {
+        (0..k_full).filter(|r| !rows.contains(r)).collect()
+    });
+    let len = c_out * k_full;
+    // Every element is written below (a live row's sum or a dead row's zero), so the buffer is
+    // not zeroed first.
+    let mut dw: Vec<f32> = Vec::with_capacity(len);
     // Blocks of 16 output channels (rows of dW) in parallel: the sum is a pass over every
     // partial, as much memory traffic as the GEMMs' output.
     const BLOCK: usize = 16;
-    dw.par_chunks_mut(BLOCK * k_full)
+    dw.spare_capacity_mut()[..len]
+        .par_chunks_mut(BLOCK * k_full)
         .enumerate()
         .for_each(|(block, dst)| {
             let c0 = block * BLOCK;
@@ -764,7 +817,7 @@ fn combine_partials(
                 Order::Direct => {
                     for (c, dst) in (c0..).zip(dst.chunks_exact_mut(k_full)) {
                         for r in 0..k {
-                            dst[full_row(r)] = partials.iter().map(|p| p[c * k + r]).sum();
+                            dst[full_row(r)].write(partials.iter().map(|p| p[c * k + r]).sum());
                         }
                     }
                 }
@@ -780,12 +833,20 @@ fn combine_partials(
                         }
                         let dst_row = full_row(r);
                         for (i, &v) in sums.iter().enumerate() {
-                            dst[i * k_full + dst_row] = v;
+                            dst[i * k_full + dst_row].write(v);
                         }
                     }
                 }
             }
+            for dst in dst.chunks_exact_mut(k_full) {
+                for &r in &dead {
+                    dst[r].write(0.0);
+                }
+            }
         });
+    // SAFETY: each block wrote all its rows' `k_full` elements: the live rows above (`full_row`
+    // maps the `k` live rows onto distinct rows) and the dead ones, which are the rest.
+    unsafe { dw.set_len(len) };
     dw
 }
 
