@@ -12,6 +12,7 @@
 use std::borrow::Cow;
 use std::cell::Cell;
 use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -497,20 +498,25 @@ fn gather(images: &[f32], wide: &mut [f32], channels: usize, p: usize, nb: usize
 }
 
 /// The inverse of [`gather`].
-fn scatter(wide: &[f32], images: &mut [f32], channels: usize, p: usize, nb: usize) {
+fn scatter(wide: &[f32], images: &mut [MaybeUninit<f32>], channels: usize, p: usize, nb: usize) {
     if p == 1 {
         for (c, src) in wide[..channels * nb].chunks_exact(nb).enumerate() {
             images[c..]
                 .iter_mut()
                 .step_by(channels)
                 .zip(src)
-                .for_each(|(d, &v)| *d = v);
+                .for_each(|(d, &v)| {
+                    d.write(v);
+                });
         }
         return;
     }
     for b in 0..nb {
         for c in 0..channels {
-            images[(b * channels + c) * p..][..p].copy_from_slice(&wide[c * nb * p + b * p..][..p]);
+            let src = &wide[c * nb * p + b * p..][..p];
+            for (d, &v) in images[(b * channels + c) * p..][..p].iter_mut().zip(src) {
+                d.write(v);
+            }
         }
     }
 }
@@ -578,11 +584,11 @@ impl Group {
 
 /// Splits the batch into [`Geometry::plan`]'s groups and runs `pass` on each in parallel, with the
 /// group's slice of `out` (`item` elements per image).
-fn for_each_group(
+fn for_each_group<T: Send>(
     g: &Geometry,
-    out: &mut [f32],
+    out: &mut [T],
     item: usize,
-    pass: impl Fn(&mut [f32], Group) + Sync,
+    pass: impl Fn(&mut [T], Group) + Sync,
 ) {
     let (ranges, parallelism) = g.plan();
     let mut outputs = split_by_ranges(out, &ranges, item);
@@ -604,34 +610,36 @@ pub(crate) fn forward(g: &Geometry, x: &[f32], weight: &[f32], bias: Option<&[f3
     let (g, weight) = live_conv(g, weight);
     let g = &g;
     let (k, p) = (g.k(), g.pixels());
-    let mut y = vec![0.0f32; g.batch * g.out_image_len()];
-    for_each_group(g, &mut y, g.out_image_len(), |y, mut group| {
+    let len = g.batch * g.out_image_len();
+    // Each image's outputs are written whole below (by its GEMM or the scatter after a wide
+    // one), so the buffer is not zeroed first: counted, and the count checked.
+    let written = AtomicUsize::new(0);
+    let mut y: Vec<f32> = Vec::with_capacity(len);
+    let out = &mut y.spare_capacity_mut()[..len];
+    for_each_group(g, out, g.out_image_len(), |y, mut group| {
         for (start, nb) in group.chunks() {
             let cols = nb * p;
             let x = &x[start * g.image_len()..][..nb * g.image_len()];
             let col = columns(g, x, nb, &mut group.col);
             let y = &mut y[(start - group.first) * g.out_image_len()..][..nb * g.out_image_len()];
             // One image is its own [Co, P] matrix: the GEMM writes it in place.
-            let dst = if nb == 1 {
-                &mut *y
-            } else {
-                &mut group.wide[..g.c_out * cols]
-            };
+            let (dims, lhs, rhs) = ([g.c_out, k, cols], weight.as_rows(), rows(col, cols));
             // SAFETY: weight is [Co, K] (checked by WeightMatrix) and col [K, cols], both inside
             // their slices.
             unsafe {
-                matmul(
-                    [g.c_out, k, cols],
-                    dst,
-                    false,
-                    weight.as_rows(),
-                    rows(col, cols),
-                    group.parallelism,
-                );
+                if nb == 1 {
+                    matmul_uninit(dims, y, lhs, rhs, group.parallelism);
+                } else {
+                    let wide = &mut group.wide[..g.c_out * cols];
+                    matmul(dims, wide, false, lhs, rhs, group.parallelism);
+                }
             }
             if nb > 1 {
                 scatter(&group.wide[..g.c_out * cols], y, g.c_out, p, nb);
             }
+            written.fetch_add(y.len(), Ordering::Relaxed);
+            // SAFETY: every element of `y` was written just above.
+            let y = unsafe { &mut *(std::ptr::from_mut(y) as *mut [f32]) };
             if let Some(bias) = bias {
                 for (plane, b) in y.chunks_mut(p).zip(bias.iter().cycle()) {
                     plane.iter_mut().for_each(|v| *v += b);
@@ -639,6 +647,13 @@ pub(crate) fn forward(g: &Geometry, x: &[f32], weight: &[f32], bias: Option<&[f3
             }
         }
     });
+    assert_eq!(
+        written.into_inner(),
+        len,
+        "conv forward: every image written"
+    );
+    // SAFETY: the chunks of all groups cover the batch, each written whole (counted above).
+    unsafe { y.set_len(len) };
     y
 }
 
@@ -864,11 +879,11 @@ pub(crate) fn bias_grad(g: &Geometry, dy: &[f32]) -> Vec<f32> {
 }
 
 /// Splits `data` into the disjoint slices of `ranges` (in images of `item` elements).
-pub(super) fn split_by_ranges<'a>(
-    mut data: &'a mut [f32],
+pub(super) fn split_by_ranges<'a, T>(
+    mut data: &'a mut [T],
     ranges: &[std::ops::Range<usize>],
     item: usize,
-) -> Vec<&'a mut [f32]> {
+) -> Vec<&'a mut [T]> {
     ranges
         .iter()
         .map(|r| {
