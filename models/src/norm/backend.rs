@@ -205,7 +205,7 @@ impl BatchNormBackend for Flex {
         };
         let shape = x.shape().to_vec();
         let [x, gamma, mean, var, dy] = [x, gamma, mean, var, output_grad].map(contiguous);
-        let (dx, dgamma, dbeta) = cpu::backward(
+        let g = cpu::backward(
             &p,
             values(&x),
             values(&dy),
@@ -216,9 +216,9 @@ impl BatchNormBackend for Flex {
             epsilon,
         );
         BatchNormGrads {
-            x: flex_f32(dx, &shape),
-            gamma: flex_f32(dgamma, &[p.channels]),
-            beta: flex_f32(dbeta, &[p.channels]),
+            x: flex_f32(g.x, &shape),
+            gamma: flex_f32(g.gamma, &[p.channels]),
+            beta: flex_f32(g.beta, &[p.channels]),
         }
     }
 
@@ -302,25 +302,27 @@ impl BatchNormBackend for Flex {
         let shape = x.shape().to_vec();
         let [x, gamma, mean, var, y, dy] =
             [x, gamma, mean, var, output, output_grad].map(contiguous);
-        let (dx, dgamma, dbeta) = cpu::backward(
+        let relu = cpu::Relu {
+            output: values(&y),
+            residual_grad: residual,
+        };
+        let g = cpu::backward(
             &p,
             values(&x),
             values(&dy),
-            Some(values(&y)),
+            Some(relu),
             values(&gamma),
             values(&mean),
             values(&var),
             epsilon,
         );
-        let residual =
-            residual.then(|| flex_f32(cpu::relu_grad(&p, values(&y), values(&dy)), &shape));
         BatchNormReluGrads {
             norm: BatchNormGrads {
-                x: flex_f32(dx, &shape),
-                gamma: flex_f32(dgamma, &[p.channels]),
-                beta: flex_f32(dbeta, &[p.channels]),
+                x: flex_f32(g.x, &shape),
+                gamma: flex_f32(g.gamma, &[p.channels]),
+                beta: flex_f32(g.beta, &[p.channels]),
             },
-            residual,
+            residual: g.residual.map(|r| flex_f32(r, &shape)),
         }
     }
 

@@ -133,15 +133,6 @@ pub(crate) fn scale_shift_relu(
     }
 }
 
-/// The gradient at a ReLU's input from its output `y` and output gradient `dy`.
-pub(crate) fn relu_grad(p: &Planes, y: &[f32], dy: &[f32]) -> Vec<f32> {
-    planes_into_new(y.len(), p, |i| {
-        (p.plane_at(y, i).iter())
-            .zip(p.plane_at(dy, i))
-            .map(|(&y, &d)| through_relu(y, d))
-    })
-}
-
 /// A new `len`-element buffer whose plane `i` (of `p.plane` elements) holds the values
 /// `plane(i)` yields, planes in parallel. The buffer is not zeroed first: a pass over every
 /// output that is then overwritten was 1-2% of a step.
@@ -171,6 +162,35 @@ fn planes_into_new<I: Iterator<Item = f32>>(
     // a panic above leaves the length 0).
     unsafe { out.set_len(len) };
     out
+}
+
+/// [`planes_into_new`] for two buffers filled in the same pass from pairs of values.
+fn plane_pairs_into_new<I: Iterator<Item = (f32, f32)>>(
+    len: usize,
+    p: &Planes,
+    plane: impl Fn(usize) -> I + Sync,
+) -> (Vec<f32>, Vec<f32>) {
+    assert_eq!(len % p.plane, 0, "BatchNorm: not whole planes");
+    let (mut first, mut second) = (Vec::with_capacity(len), Vec::with_capacity(len));
+    (first.spare_capacity_mut()[..len].par_chunks_mut(p.plane))
+        .zip(second.spare_capacity_mut()[..len].par_chunks_mut(p.plane))
+        .enumerate()
+        .with_min_len(p.min_planes_per_task())
+        .for_each(|(i, (a, b))| {
+            let mut written = 0;
+            for ((a, b), (u, v)) in a.iter_mut().zip(b.iter_mut()).zip(plane(i)) {
+                a.write(u);
+                b.write(v);
+                written += 1;
+            }
+            assert_eq!(written, a.len(), "BatchNorm: plane {i} short");
+        });
+    // SAFETY: as in `planes_into_new`, for both buffers.
+    unsafe {
+        first.set_len(len);
+        second.set_len(len);
+    }
+    (first, second)
 }
 
 /// `1 / √(var + ε)` per channel, in `f64`.
@@ -232,27 +252,48 @@ pub(crate) fn train_forward(
 /// - `dx = gamma·r·(dy − dbeta/M − x̂·dgamma/M)`, one multiply-add per element:
 ///   `dx = k1·dy + k2·(x − mean) + k3`.
 ///
-/// With `relu_output`, the forward ended in a ReLU with that output: `dy` is masked where it was
-/// not positive, inside both passes (no masked copy of `dy` is made).
+/// With `relu`, the forward ended in a ReLU: `dy` is masked where its output was not positive,
+/// inside both passes (no masked copy of `dy` is made), and the masked `dy`, the residual's
+/// gradient, is returned too when asked, written in the same pass as `dx`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     p: &Planes,
     x: &[f32],
     dy: &[f32],
-    relu_output: Option<&[f32]>,
+    relu: Option<Relu<'_>>,
     gamma: &[f32],
     mean: &[f32],
     var: &[f32],
     epsilon: f64,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    match relu_output {
-        Some(y) => {
-            assert_eq!(y.len(), dy.len(), "BatchNorm: ReLU output size");
-            backward_masked::<true>(p, x, dy, y, gamma, mean, var, epsilon)
+) -> Grads {
+    match relu {
+        Some(relu) => {
+            assert_eq!(relu.output.len(), dy.len(), "BatchNorm: ReLU output size");
+            let masked = relu.residual_grad;
+            backward_masked::<true>(p, x, dy, relu.output, masked, gamma, mean, var, epsilon)
         }
         // `y` is then `dy` itself, and unread: `RELU` is a constant the loops are compiled for.
-        None => backward_masked::<false>(p, x, dy, dy, gamma, mean, var, epsilon),
+        None => backward_masked::<false>(p, x, dy, dy, false, gamma, mean, var, epsilon),
     }
+}
+
+/// The ReLU a training forward ended in, as its backward needs it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Relu<'a> {
+    /// What the ReLU returned.
+    pub output: &'a [f32],
+    /// Whether to return the gradient at its input (the residual's, where one was added).
+    pub residual_grad: bool,
+}
+
+/// [`backward`]'s gradients.
+#[derive(Debug)]
+pub(crate) struct Grads {
+    pub x: Vec<f32>,
+    pub gamma: Vec<f32>,
+    pub beta: Vec<f32>,
+    /// The output gradient through the ReLU, when asked.
+    pub residual: Option<Vec<f32>>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -261,11 +302,12 @@ fn backward_masked<const RELU: bool>(
     x: &[f32],
     dy: &[f32],
     y: &[f32],
+    masked_dy: bool,
     gamma: &[f32],
     mean: &[f32],
     var: &[f32],
     epsilon: f64,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+) -> Grads {
     let grad = |y: f32, d: f32| if RELU { through_relu(y, d) } else { d };
     let r = inv_std(var, epsilon);
     let (sum_dy, sum_dy_centred): (Vec<f64>, Vec<f64>) = (0..p.channels)
@@ -300,14 +342,31 @@ fn backward_masked<const RELU: bool>(
         // x enters as x·k2 − mean·k2, folded into the constant.
         k.push((k1 as f32, k2 as f32, (k3 - k2 * f64::from(mean[c])) as f32));
     }
-    let dx = planes_into_new(x.len(), p, |i| {
+    let plane = |i: usize| {
         let (k1, k2, k0) = k[i % p.channels];
         (p.plane_at(x, i).iter())
             .zip(p.plane_at(dy, i))
             .zip(p.plane_at(y, i))
-            .map(move |((&x, &dy), &y)| grad(y, dy) * k1 + x * k2 + k0)
-    });
-    (dx, dgamma, dbeta)
+            .map(move |((&x, &dy), &y)| {
+                let d = grad(y, dy);
+                (d * k1 + x * k2 + k0, d)
+            })
+    };
+    let (dx, residual) = if masked_dy {
+        let (dx, masked) = plane_pairs_into_new(x.len(), p, plane);
+        (dx, Some(masked))
+    } else {
+        (
+            planes_into_new(x.len(), p, |i| plane(i).map(|(dx, _)| dx)),
+            None,
+        )
+    };
+    Grads {
+        x: dx,
+        gamma: dgamma,
+        beta: dbeta,
+        residual,
+    }
 }
 
 #[cfg(test)]
@@ -372,7 +431,12 @@ mod tests {
         let beta = [0.0f32, 0.0];
         let eps = 1e-5;
         let (y, mean, var) = train_forward(&p, &x, &gamma, &beta, eps, Then::Nothing);
-        let (dx, dgamma, dbeta) = backward(&p, &x, &dy, None, &gamma, &mean, &var, eps);
+        let Grads {
+            x: dx,
+            gamma: dgamma,
+            beta: dbeta,
+            ..
+        } = backward(&p, &x, &dy, None, &gamma, &mean, &var, eps);
         let (y_ref, dx_ref, dgamma_ref) = naive(&p, &x, &dy, &gamma, eps);
         let close = |a: f32, b: f64, what: &str| {
             assert!(
