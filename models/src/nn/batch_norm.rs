@@ -9,7 +9,7 @@ use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
 use burn::tensor::backend::Backend;
 
-use crate::norm::{dispatch, reference};
+use crate::norm::{Then, dispatch, reference};
 use crate::switch::{OpImpl, batch_norm_impl, cast};
 
 /// Configuration of a [`BatchNorm`]; the same fields and defaults as `burn::nn::BatchNormConfig`.
@@ -63,7 +63,8 @@ impl BatchNormConfig {
     }
 }
 
-type InputAndResidual<B> = (Tensor<B, 4>, Option<Tensor<B, 4>>);
+/// What [`BatchNorm::fused`] hands back when the backend has no fused op.
+type Unfused<B> = (Tensor<B, 4>, Then<Tensor<B, 4>>);
 
 impl<B: Backend> BatchNorm<B> {
     /// # Shapes
@@ -80,9 +81,9 @@ impl<B: Backend> BatchNorm<B> {
         let training = B::ad_enabled(&input.device());
         let input = if batch_norm_impl() == OpImpl::Fast {
             match cast::<Tensor<B, D>, Tensor<B, 4>>(input) {
-                Ok(x) => match self.fused(x, training) {
+                Ok(x) => match self.fused(x, Then::Nothing) {
                     Ok(y) => return cast(y).unwrap_or_else(|_| unreachable!("D is 4")),
-                    Err(x) => cast(x).unwrap_or_else(|_| unreachable!("D is 4")),
+                    Err((x, _)) => cast(x).unwrap_or_else(|_| unreachable!("D is 4")),
                 },
                 Err(input) => input,
             }
@@ -135,9 +136,9 @@ impl<B: Backend> BatchNorm<B> {
         residual: Option<Tensor<B, 4>>,
     ) -> Tensor<B, 4> {
         let (input, residual) = if batch_norm_impl() == OpImpl::Fast {
-            match self.fused_relu(input, residual) {
+            match self.fused(input, Then::Relu { residual }) {
                 Ok(y) => return y,
-                Err(args) => args,
+                Err((x, then)) => (x, then.into_residual()),
             }
         } else {
             (input, residual)
@@ -149,42 +150,21 @@ impl<B: Backend> BatchNorm<B> {
         })
     }
 
-    /// [`fused`](Self::fused) with the residual sum and the ReLU, or the arguments back.
-    fn fused_relu(
-        &self,
-        x: Tensor<B, 4>,
-        residual: Option<Tensor<B, 4>>,
-    ) -> Result<Tensor<B, 4>, InputAndResidual<B>> {
+    /// The fused op followed by `then`, or the arguments back when the backend has none.
+    fn fused(&self, x: Tensor<B, 4>, then: Then<Tensor<B, 4>>) -> Result<Tensor<B, 4>, Unfused<B>> {
         let (gamma, beta) = (self.gamma.val(), self.beta.val());
         if B::ad_enabled(&x.device()) {
             let [n, _, h, w] = x.dims();
-            let (y, mean, var) = dispatch::train_relu(((x, gamma, beta), residual), self.epsilon)
-                .map_err(|((x, _, _), residual)| (x, residual))?;
+            let (y, mean, var) = dispatch::train(((x, gamma, beta), then), self.epsilon)
+                .map_err(|((x, _, _), then)| (x, then))?;
             self.update_running(mean, var, n * h * w);
             Ok(y)
         } else {
             let device = x.device();
             let mean = self.running_mean.value().to_device(&device);
             let var = self.running_var.value().to_device(&device);
-            dispatch::eval_relu(((x, gamma, beta, mean, var), residual), self.epsilon)
-                .map_err(|((x, ..), residual)| (x, residual))
-        }
-    }
-
-    /// The fused op, or the input back when the backend has none.
-    fn fused(&self, x: Tensor<B, 4>, training: bool) -> Result<Tensor<B, 4>, Tensor<B, 4>> {
-        let (gamma, beta) = (self.gamma.val(), self.beta.val());
-        if training {
-            let [n, _, h, w] = x.dims();
-            let (y, mean, var) =
-                dispatch::train(x, gamma, beta, self.epsilon).map_err(|(x, _, _)| x)?;
-            self.update_running(mean, var, n * h * w);
-            Ok(y)
-        } else {
-            let device = x.device();
-            let mean = self.running_mean.value().to_device(&device);
-            let var = self.running_var.value().to_device(&device);
-            dispatch::eval((x, gamma, beta, mean, var), self.epsilon).map_err(|(x, ..)| x)
+            dispatch::eval(((x, gamma, beta, mean, var), then), self.epsilon)
+                .map_err(|((x, ..), then)| (x, then))
         }
     }
 

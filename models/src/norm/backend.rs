@@ -6,7 +6,8 @@ use burn::tensor::ops::{ActivationOps, FloatTensor};
 use burn::tensor::{DType, Tensor, TensorMetadata};
 use burn_flex::{Flex, FlexTensor};
 
-use super::cpu::{self, Planes, Then};
+use super::Then;
+use super::cpu::{self, Planes};
 use super::reference;
 use crate::primitive::{contiguous, flex_f32, float, primitive, values};
 
@@ -138,6 +139,14 @@ pub trait BatchNormBackend: Backend {
     }
 }
 
+/// What follows the normalised `y`, in Burn's ops.
+fn then_in_burns_ops<B: Backend>(y: FloatTensor<B>, then: Then<FloatTensor<B>>) -> FloatTensor<B> {
+    match then {
+        Then::Nothing => y,
+        Then::Relu { residual } => relu_of_sum::<B>(y, residual),
+    }
+}
+
 /// `relu(y + residual)` in Burn's ops.
 fn relu_of_sum<B: Backend>(y: FloatTensor<B>, residual: Option<FloatTensor<B>>) -> FloatTensor<B> {
     let sum = match residual {
@@ -170,24 +179,7 @@ impl BatchNormBackend for Flex {
         beta: FlexTensor,
         epsilon: f64,
     ) -> BatchNormOutput<Self> {
-        let Some(p) = flex_planes(&x, &[&gamma, &beta]) else {
-            return reference_train::<Self>(x, gamma, beta, epsilon);
-        };
-        let shape = x.shape().to_vec();
-        let [x, gamma, beta] = [x, gamma, beta].map(contiguous);
-        let (y, mean, var) = cpu::train_forward(
-            &p,
-            values(&x),
-            values(&gamma),
-            values(&beta),
-            epsilon,
-            Then::Nothing,
-        );
-        BatchNormOutput {
-            output: flex_f32(y, &shape),
-            mean: flex_f32(mean, &[p.channels]),
-            var: flex_f32(var, &[p.channels]),
-        }
+        flex_train(x, gamma, beta, Then::Nothing, epsilon)
     }
 
     fn batch_norm_grads(
@@ -198,28 +190,7 @@ impl BatchNormBackend for Flex {
         output_grad: FlexTensor,
         epsilon: f64,
     ) -> BatchNormGrads<Self> {
-        let planes = flex_planes(&x, &[&gamma, &mean, &var])
-            .filter(|_| output_grad.dtype() == DType::F32 && output_grad.shape() == x.shape());
-        let Some(p) = planes else {
-            return reference_grads::<Self>(x, gamma, mean, var, output_grad, epsilon);
-        };
-        let shape = x.shape().to_vec();
-        let [x, gamma, mean, var, dy] = [x, gamma, mean, var, output_grad].map(contiguous);
-        let g = cpu::backward(
-            &p,
-            values(&x),
-            values(&dy),
-            None,
-            values(&gamma),
-            values(&mean),
-            values(&var),
-            epsilon,
-        );
-        BatchNormGrads {
-            x: flex_f32(g.x, &shape),
-            gamma: flex_f32(g.gamma, &[p.channels]),
-            beta: flex_f32(g.beta, &[p.channels]),
-        }
+        flex_grads(x, gamma, mean, var, output_grad, None, epsilon).norm
     }
 
     fn batch_norm_eval(
@@ -230,19 +201,7 @@ impl BatchNormBackend for Flex {
         var: FlexTensor,
         epsilon: f64,
     ) -> FlexTensor {
-        let Some(p) = flex_planes(&x, &[&gamma, &beta, &mean, &var]) else {
-            return reference_eval::<Self>(x, gamma, beta, mean, var, epsilon);
-        };
-        let shape = x.shape().to_vec();
-        let [x, gamma, beta, mean, var] = [x, gamma, beta, mean, var].map(contiguous);
-        let (scale, shift) = cpu::affine(
-            values(&mean),
-            values(&var),
-            values(&gamma),
-            values(&beta),
-            epsilon,
-        );
-        flex_f32(cpu::scale_shift(&p, values(&x), &scale, &shift), &shape)
+        flex_eval([x, gamma, beta, mean, var], Then::Nothing, epsilon)
     }
 
     fn batch_norm_relu_train(
@@ -252,32 +211,7 @@ impl BatchNormBackend for Flex {
         residual: Option<FlexTensor>,
         epsilon: f64,
     ) -> BatchNormOutput<Self> {
-        let planes = flex_planes(&x, &[&gamma, &beta]).filter(|_| same_as(residual.as_ref(), &x));
-        let Some(p) = planes else {
-            let out = reference_train::<Self>(x, gamma, beta, epsilon);
-            return BatchNormOutput {
-                output: relu_of_sum::<Self>(out.output, residual),
-                ..out
-            };
-        };
-        let shape = x.shape().to_vec();
-        let [x, gamma, beta] = [x, gamma, beta].map(contiguous);
-        let residual = residual.map(contiguous);
-        let (y, mean, var) = cpu::train_forward(
-            &p,
-            values(&x),
-            values(&gamma),
-            values(&beta),
-            epsilon,
-            Then::Relu {
-                residual: residual.as_ref().map(values),
-            },
-        );
-        BatchNormOutput {
-            output: flex_f32(y, &shape),
-            mean: flex_f32(mean, &[p.channels]),
-            var: flex_f32(var, &[p.channels]),
-        }
+        flex_train(x, gamma, beta, Then::Relu { residual }, epsilon)
     }
 
     fn batch_norm_relu_grads(
@@ -290,40 +224,8 @@ impl BatchNormBackend for Flex {
         residual: bool,
         epsilon: f64,
     ) -> BatchNormReluGrads<Self> {
-        let planes = flex_planes(&x, &[&gamma, &mean, &var])
-            .filter(|_| same_as(Some(&output_grad), &x) && same_as(Some(&output), &x));
-        let Some(p) = planes else {
-            let dy = Self::relu_backward(output, output_grad);
-            return BatchNormReluGrads {
-                residual: residual.then(|| dy.clone()),
-                norm: reference_grads::<Self>(x, gamma, mean, var, dy, epsilon),
-            };
-        };
-        let shape = x.shape().to_vec();
-        let [x, gamma, mean, var, y, dy] =
-            [x, gamma, mean, var, output, output_grad].map(contiguous);
-        let relu = cpu::Relu {
-            output: values(&y),
-            residual_grad: residual,
-        };
-        let g = cpu::backward(
-            &p,
-            values(&x),
-            values(&dy),
-            Some(relu),
-            values(&gamma),
-            values(&mean),
-            values(&var),
-            epsilon,
-        );
-        BatchNormReluGrads {
-            norm: BatchNormGrads {
-                x: flex_f32(g.x, &shape),
-                gamma: flex_f32(g.gamma, &[p.channels]),
-                beta: flex_f32(g.beta, &[p.channels]),
-            },
-            residual: g.residual.map(|r| flex_f32(r, &shape)),
-        }
+        let relu = Some((output, residual));
+        flex_grads(x, gamma, mean, var, output_grad, relu, epsilon)
     }
 
     fn batch_norm_relu_eval(
@@ -335,28 +237,126 @@ impl BatchNormBackend for Flex {
         residual: Option<FlexTensor>,
         epsilon: f64,
     ) -> FlexTensor {
-        let planes = flex_planes(&x, &[&gamma, &beta, &mean, &var])
-            .filter(|_| same_as(residual.as_ref(), &x));
-        let Some(p) = planes else {
-            let y = reference_eval::<Self>(x, gamma, beta, mean, var, epsilon);
-            return relu_of_sum::<Self>(y, residual);
-        };
-        let shape = x.shape().to_vec();
-        let [x, gamma, beta, mean, var] = [x, gamma, beta, mean, var].map(contiguous);
-        let residual = residual.map(contiguous);
-        let (scale, shift) = cpu::affine(
-            values(&mean),
-            values(&var),
-            values(&gamma),
-            values(&beta),
+        flex_eval(
+            [x, gamma, beta, mean, var],
+            Then::Relu { residual },
             epsilon,
-        );
-        let r = residual.as_ref().map(values);
-        flex_f32(
-            cpu::scale_shift_relu(&p, values(&x), &scale, &shift, r),
-            &shape,
         )
     }
+}
+
+/// Flex's training forward, with or without the ReLU; Burn's arithmetic where the kernels do
+/// not apply.
+fn flex_train(
+    x: FlexTensor,
+    gamma: FlexTensor,
+    beta: FlexTensor,
+    then: Then<FlexTensor>,
+    epsilon: f64,
+) -> BatchNormOutput<Flex> {
+    let planes = flex_planes(&x, &[&gamma, &beta]).filter(|_| same_as(then.residual(), &x));
+    let Some(p) = planes else {
+        let out = reference_train::<Flex>(x, gamma, beta, epsilon);
+        return BatchNormOutput {
+            output: then_in_burns_ops::<Flex>(out.output, then),
+            ..out
+        };
+    };
+    let shape = x.shape().to_vec();
+    let [x, gamma, beta] = [x, gamma, beta].map(contiguous);
+    let then = then.map(contiguous);
+    let (y, mean, var) = cpu::train_forward(
+        &p,
+        values(&x),
+        values(&gamma),
+        values(&beta),
+        epsilon,
+        then.as_ref().map(values),
+    );
+    BatchNormOutput {
+        output: flex_f32(y, &shape),
+        mean: flex_f32(mean, &[p.channels]),
+        var: flex_f32(var, &[p.channels]),
+    }
+}
+
+/// Flex's gradients; with `relu`, `(its output, whether the residual's gradient is wanted)`.
+fn flex_grads(
+    x: FlexTensor,
+    gamma: FlexTensor,
+    mean: FlexTensor,
+    var: FlexTensor,
+    dy: FlexTensor,
+    relu: Option<(FlexTensor, bool)>,
+    epsilon: f64,
+) -> BatchNormReluGrads<Flex> {
+    let planes = flex_planes(&x, &[&gamma, &mean, &var])
+        .filter(|_| same_as(Some(&dy), &x) && same_as(relu.as_ref().map(|(y, _)| y), &x));
+    let Some(p) = planes else {
+        let (dy, residual) = match relu {
+            Some((y, residual)) => {
+                let dy = Flex::relu_backward(y, dy);
+                (dy.clone(), residual.then_some(dy))
+            }
+            None => (dy, None),
+        };
+        return BatchNormReluGrads {
+            norm: reference_grads::<Flex>(x, gamma, mean, var, dy, epsilon),
+            residual,
+        };
+    };
+    let shape = x.shape().to_vec();
+    let [x, gamma, mean, var, dy] = [x, gamma, mean, var, dy].map(contiguous);
+    let relu = relu.map(|(y, residual)| (contiguous(y), residual));
+    let g = cpu::backward(
+        &p,
+        values(&x),
+        values(&dy),
+        relu.as_ref().map(|(y, residual_grad)| cpu::Relu {
+            output: values(y),
+            residual_grad: *residual_grad,
+        }),
+        values(&gamma),
+        values(&mean),
+        values(&var),
+        epsilon,
+    );
+    BatchNormReluGrads {
+        norm: BatchNormGrads {
+            x: flex_f32(g.x, &shape),
+            gamma: flex_f32(g.gamma, &[p.channels]),
+            beta: flex_f32(g.beta, &[p.channels]),
+        },
+        residual: g.residual.map(|r| flex_f32(r, &shape)),
+    }
+}
+
+/// Flex's inference with `[x, gamma, beta, mean, var]`, with or without the ReLU.
+fn flex_eval(args: [FlexTensor; 5], then: Then<FlexTensor>, epsilon: f64) -> FlexTensor {
+    let [x, gamma, beta, mean, var] = args;
+    let planes =
+        flex_planes(&x, &[&gamma, &beta, &mean, &var]).filter(|_| same_as(then.residual(), &x));
+    let Some(p) = planes else {
+        let y = reference_eval::<Flex>(x, gamma, beta, mean, var, epsilon);
+        return then_in_burns_ops::<Flex>(y, then);
+    };
+    let shape = x.shape().to_vec();
+    let [x, gamma, beta, mean, var] = [x, gamma, beta, mean, var].map(contiguous);
+    let (scale, shift) = cpu::affine(
+        values(&mean),
+        values(&var),
+        values(&gamma),
+        values(&beta),
+        epsilon,
+    );
+    let y = match then.map(contiguous) {
+        Then::Nothing => cpu::scale_shift(&p, values(&x), &scale, &shift),
+        Then::Relu { residual } => {
+            let r = residual.as_ref().map(values);
+            cpu::scale_shift_relu(&p, values(&x), &scale, &shift, r)
+        }
+    };
+    flex_f32(y, &shape)
 }
 
 /// Whether `t`, where given, is an f32 tensor of `x`'s shape (what the fused passes read beside

@@ -12,6 +12,8 @@
 
 use rayon::prelude::*;
 
+use super::Then;
+
 /// The layout of a batch: `[batch, channels, plane]` with `plane = H·W` contiguous.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Planes {
@@ -219,15 +221,6 @@ pub(crate) fn affine(
         .unzip()
 }
 
-/// What follows the normalisation in the same pass.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Then<'a> {
-    /// Nothing: the normalised values.
-    Nothing,
-    /// A ReLU, after adding `residual` where there is one.
-    Relu { residual: Option<&'a [f32]> },
-}
-
 /// Training forward: `(y, mean, biased var)`.
 pub(crate) fn train_forward(
     p: &Planes,
@@ -235,7 +228,7 @@ pub(crate) fn train_forward(
     gamma: &[f32],
     beta: &[f32],
     epsilon: f64,
-    then: Then<'_>,
+    then: Then<&[f32]>,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (mean, var) = batch_stats(p, x);
     let (scale, shift) = affine(&mean, &var, gamma, beta, epsilon);
