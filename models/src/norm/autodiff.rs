@@ -20,62 +20,12 @@ impl<B: BatchNormBackend, C: CheckpointStrategy> BatchNormBackend for Autodiff<B
         beta: FloatTensor<Self>,
         epsilon: f64,
     ) -> BatchNormOutput<Self> {
-        #[derive(Debug)]
-        struct BatchNormBackward;
-
-        impl<B: BatchNormBackend> Backward<B, 3> for BatchNormBackward {
-            type State = (NodeId, NodeId, FloatTensor<B>, FloatTensor<B>, f64);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 3>,
-                grads: &mut Gradients,
-                checkpointer: &mut Checkpointer,
-            ) {
-                let [node_x, node_gamma, node_beta] = ops.parents;
-                let grad = grads.consume::<B>(&ops.node);
-                let (x_state, gamma_state, mean, var, epsilon) = ops.state;
-                let x: FloatTensor<B> = checkpointer.retrieve_node_output(x_state);
-                let gamma: FloatTensor<B> = checkpointer.retrieve_node_output(gamma_state);
-                let g = B::batch_norm_grads(x, gamma, mean, var, grad, epsilon);
-                for (node, grad) in [(node_x, g.x), (node_gamma, g.gamma), (node_beta, g.beta)] {
-                    if let Some(node) = node {
-                        grads.register::<B>(node.id, grad);
-                    }
-                }
-            }
-        }
-
-        let prepared = BatchNormBackward
+        let prepared = NormBackward
             .prepare::<C>([x.node.clone(), gamma.node.clone(), beta.node.clone()])
             .compute_bound()
             .stateful();
-        let (output, mean, var) = match prepared {
-            OpsKind::Tracked(mut prep) => {
-                let x_state = prep.checkpoint(&x);
-                let gamma_state = prep.checkpoint(&gamma);
-                let inner =
-                    B::batch_norm_train(x.primitive, gamma.primitive, beta.primitive, epsilon);
-                let state = (
-                    x_state,
-                    gamma_state,
-                    inner.mean.clone(),
-                    inner.var.clone(),
-                    epsilon,
-                );
-                (prep.finish(state, inner.output), inner.mean, inner.var)
-            }
-            OpsKind::UnTracked(prep) => {
-                let inner =
-                    B::batch_norm_train(x.primitive, gamma.primitive, beta.primitive, epsilon);
-                (prep.finish(inner.output), inner.mean, inner.var)
-            }
-        };
-        BatchNormOutput {
-            output,
-            mean: <Self as AutodiffBackend>::from_inner(mean),
-            var: <Self as AutodiffBackend>::from_inner(var),
-        }
+        let forward = |x, gamma, beta| B::batch_norm_train(x, gamma, beta, epsilon);
+        record(prepared, [x, gamma, beta], forward, false, epsilon)
     }
 
     fn batch_norm_relu_train(
@@ -85,79 +35,86 @@ impl<B: BatchNormBackend, C: CheckpointStrategy> BatchNormBackend for Autodiff<B
         residual: Option<FloatTensor<Self>>,
         epsilon: f64,
     ) -> BatchNormOutput<Self> {
-        let (x_node, gamma_node, beta_node) =
-            (x.node.clone(), gamma.node.clone(), beta.node.clone());
-        let (output, mean, var) = match residual {
+        let parents = [x.node.clone(), gamma.node.clone(), beta.node.clone()];
+        let args = [x, gamma, beta];
+        match residual {
             None => {
-                let prepared = BatchNormReluBackward
-                    .prepare::<C>([x_node, gamma_node, beta_node])
+                let prepared = NormBackward
+                    .prepare::<C>(parents)
                     .compute_bound()
                     .stateful();
-                relu_node(prepared, x, gamma, beta, None, epsilon)
+                let forward =
+                    |x, gamma, beta| B::batch_norm_relu_train(x, gamma, beta, None, epsilon);
+                record(prepared, args, forward, true, epsilon)
             }
             Some(r) => {
-                let prepared = BatchNormReluBackward
+                let [x_node, gamma_node, beta_node] = parents;
+                let prepared = NormBackward
                     .prepare::<C>([x_node, gamma_node, beta_node, r.node.clone()])
                     .compute_bound()
                     .stateful();
-                relu_node(prepared, x, gamma, beta, Some(r.primitive), epsilon)
+                let r = r.primitive;
+                let forward =
+                    |x, gamma, beta| B::batch_norm_relu_train(x, gamma, beta, Some(r), epsilon);
+                record(prepared, args, forward, true, epsilon)
             }
-        };
-        BatchNormOutput {
-            output,
-            mean: <Self as AutodiffBackend>::from_inner(mean),
-            var: <Self as AutodiffBackend>::from_inner(var),
         }
     }
 }
 
-/// The node of [`BatchNormBackend::batch_norm_relu_train`]: parents x, gamma, beta and, with
-/// four, the residual.
+/// The node of a training forward: parents x, gamma, beta and, with four, the residual.
 #[derive(Debug)]
-struct BatchNormReluBackward;
+struct NormBackward;
 
-/// x and gamma (checkpointed), the batch's mean and variance, the output, epsilon.
-type ReluState<B> = (
+/// x and gamma (checkpointed), the batch's mean and variance, the ReLU's output where the norm
+/// ends in one, epsilon.
+type NormState<B> = (
     NodeId,
     NodeId,
     FloatTensor<B>,
     FloatTensor<B>,
-    FloatTensor<B>,
+    Option<FloatTensor<B>>,
     f64,
 );
 
-impl<B: BatchNormBackend> Backward<B, 3> for BatchNormReluBackward {
-    type State = ReluState<B>;
+impl<B: BatchNormBackend> Backward<B, 3> for NormBackward {
+    type State = NormState<B>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, ck: &mut Checkpointer) {
-        relu_backward::<B, 3>(ops, grads, ck);
+        norm_backward::<B, 3>(ops, grads, ck);
     }
 }
 
-impl<B: BatchNormBackend> Backward<B, 4> for BatchNormReluBackward {
-    type State = ReluState<B>;
+impl<B: BatchNormBackend> Backward<B, 4> for NormBackward {
+    type State = NormState<B>;
 
     fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, ck: &mut Checkpointer) {
-        relu_backward::<B, 4>(ops, grads, ck);
+        norm_backward::<B, 4>(ops, grads, ck);
     }
 }
 
-fn relu_backward<B: BatchNormBackend, const N: usize>(
-    ops: Ops<ReluState<B>, N>,
+/// The inner backend's gradients, registered with the parents that take one; the fourth, where
+/// there is one, is the residual.
+fn norm_backward<B: BatchNormBackend, const N: usize>(
+    ops: Ops<NormState<B>, N>,
     grads: &mut Gradients,
     checkpointer: &mut Checkpointer,
 ) {
     let grad = grads.consume::<B>(&ops.node);
-    let (x_state, gamma_state, mean, var, output, epsilon) = ops.state;
+    let (x_state, gamma_state, mean, var, relu_output, epsilon) = ops.state;
     let x: FloatTensor<B> = checkpointer.retrieve_node_output(x_state);
     let gamma: FloatTensor<B> = checkpointer.retrieve_node_output(gamma_state);
-    let g = B::batch_norm_relu_grads(x, gamma, mean, var, output, grad, N == 4, epsilon);
-    let computed = [
-        Some(g.norm.x),
-        Some(g.norm.gamma),
-        Some(g.norm.beta),
-        g.residual,
-    ];
+    let (norm, residual) = match relu_output {
+        None => (
+            B::batch_norm_grads(x, gamma, mean, var, grad, epsilon),
+            None,
+        ),
+        Some(output) => {
+            let g = B::batch_norm_relu_grads(x, gamma, mean, var, output, grad, N == 4, epsilon);
+            (g.norm, g.residual)
+        }
+    };
+    let computed = [Some(norm.x), Some(norm.gamma), Some(norm.beta), residual];
     for (node, grad) in ops.parents.into_iter().zip(computed) {
         if let (Some(node), Some(grad)) = (node, grad) {
             grads.register::<B>(node.id, grad);
@@ -165,20 +122,19 @@ fn relu_backward<B: BatchNormBackend, const N: usize>(
     }
 }
 
-/// Runs the inner backend's fused forward and records the node: `(output, mean, var)`.
-fn relu_node<B: BatchNormBackend, C: CheckpointStrategy, const N: usize>(
-    prepared: OpsKind<BatchNormReluBackward, B, ReluState<B>, C, N>,
-    x: FloatTensor<Autodiff<B, C>>,
-    gamma: FloatTensor<Autodiff<B, C>>,
-    beta: FloatTensor<Autodiff<B, C>>,
-    residual: Option<FloatTensor<B>>,
+/// Runs the inner backend's `forward` on `[x, gamma, beta]` and records the node, keeping the
+/// output for the backward when the norm ends in a ReLU (`relu`).
+fn record<B: BatchNormBackend, C: CheckpointStrategy, const N: usize>(
+    prepared: OpsKind<NormBackward, B, NormState<B>, C, N>,
+    [x, gamma, beta]: [FloatTensor<Autodiff<B, C>>; 3],
+    forward: impl FnOnce(FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) -> BatchNormOutput<B>,
+    relu: bool,
     epsilon: f64,
-) -> (FloatTensor<Autodiff<B, C>>, FloatTensor<B>, FloatTensor<B>)
+) -> BatchNormOutput<Autodiff<B, C>>
 where
-    BatchNormReluBackward: Backward<B, N, State = ReluState<B>>,
+    NormBackward: Backward<B, N, State = NormState<B>>,
 {
-    let forward = |x, gamma, beta| B::batch_norm_relu_train(x, gamma, beta, residual, epsilon);
-    match prepared {
+    let (output, mean, var) = match prepared {
         OpsKind::Tracked(mut prep) => {
             let x_state = prep.checkpoint(&x);
             let gamma_state = prep.checkpoint(&gamma);
@@ -188,7 +144,7 @@ where
                 gamma_state,
                 inner.mean.clone(),
                 inner.var.clone(),
-                inner.output.clone(),
+                relu.then(|| inner.output.clone()),
                 epsilon,
             );
             (prep.finish(state, inner.output), inner.mean, inner.var)
@@ -197,5 +153,10 @@ where
             let inner = forward(x.primitive, gamma.primitive, beta.primitive);
             (prep.finish(inner.output), inner.mean, inner.var)
         }
+    };
+    BatchNormOutput {
+        output,
+        mean: <Autodiff<B, C> as AutodiffBackend>::from_inner(mean),
+        var: <Autodiff<B, C> as AutodiffBackend>::from_inner(var),
     }
 }
