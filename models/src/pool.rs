@@ -26,6 +26,7 @@ use burn::tensor::{DType, Tensor};
 use burn_flex::Flex;
 use rayon::prelude::*;
 
+use crate::conv::window_positions;
 use crate::primitive::{contiguous, flex_f32, float, primitive, values};
 use crate::switch::cast;
 
@@ -174,12 +175,15 @@ impl Geometry {
             return None;
         }
         let input = [shape[2], shape[3]];
-        let size = |axis: usize| {
-            let span = window.dilation[axis] * (window.kernel[axis] - 1) + 1;
-            let padded = input[axis] + 2 * window.padding[axis];
-            padded
-                .checked_sub(span)
-                .map(|room| room / window.stride[axis] + 1)
+        let w = &window;
+        let size = |i: usize| {
+            window_positions(
+                input[i],
+                w.kernel[i],
+                w.stride[i],
+                w.padding[i],
+                w.dilation[i],
+            )
         };
         let output = [size(0)?, size(1)?];
         let fits = input[0]
@@ -403,19 +407,25 @@ mod tests {
         v.into_iter().map(f32::to_bits).collect()
     }
 
-    /// Values with many equal maxima (small integers), so the first-of-equals rule is exercised,
-    /// with a `-∞` and, where asked, a NaN among them.
-    fn input(shape: [usize; 4], nan: bool) -> TensorData {
-        let n: usize = shape.iter().product();
-        let mut state = 0x2545_f491_u32;
-        let mut v: Vec<f32> = (0..n)
+    /// `n` values of `value` over an xorshift sequence from `seed`: the same for the same
+    /// arguments, whatever else draws random numbers meanwhile.
+    fn sequence(n: usize, seed: u32, value: impl Fn(u32) -> f32) -> Vec<f32> {
+        let mut state = seed;
+        (0..n)
             .map(|_| {
                 state ^= state << 13;
                 state ^= state >> 17;
                 state ^= state << 5;
-                (state % 7) as f32 - 3.0
+                value(state)
             })
-            .collect();
+            .collect()
+    }
+
+    /// Values with many equal maxima (small integers), so the first-of-equals rule is exercised,
+    /// with a `-∞` and, where asked, a NaN among them.
+    fn input(shape: [usize; 4], nan: bool) -> TensorData {
+        let n: usize = shape.iter().product();
+        let mut v = sequence(n, 0x2545_f491, |s| (s % 7) as f32 - 3.0);
         v[n / 3] = f32::NEG_INFINITY;
         if nan {
             v[n / 2] = f32::NAN;
@@ -425,16 +435,8 @@ mod tests {
 
     /// Weights in (-1, 1) with fractional parts, the same for the same shape.
     fn weights(shape: [usize; 4]) -> TensorData {
-        let n: usize = shape.iter().product();
-        let mut state = 0x9e37_79b9_u32;
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 17;
-                state ^= state << 5;
-                (state % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect();
+        let n = shape.iter().product();
+        let v = sequence(n, 0x9e37_79b9, |s| (s % 2001) as f32 / 1000.0 - 1.0);
         TensorData::new(v, shape)
     }
 

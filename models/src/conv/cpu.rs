@@ -41,6 +41,21 @@ pub(crate) struct Geometry {
     pub out: [usize; 2],
 }
 
+/// How many positions a window of `kernel` taps `dilation` apart takes along an axis of `len`
+/// elements with `padding` on both sides, `stride` apart (floor mode, as Burn's conv and pool);
+/// `None` where none fits, or for a zero kernel or stride.
+pub(crate) fn window_positions(
+    len: usize,
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+    dilation: usize,
+) -> Option<usize> {
+    let span = dilation * kernel.checked_sub(1)? + 1;
+    let padded = len + 2 * padding;
+    (padded >= span && stride > 0).then(|| (padded - span) / stride + 1)
+}
+
 impl Geometry {
     /// `None` when the output would be empty (the caller falls back to Burn's op, which reports it).
     pub fn new(
@@ -50,11 +65,8 @@ impl Geometry {
         padding: [usize; 2],
         dilation: [usize; 2],
     ) -> Option<Self> {
-        let out_dim = |i: usize| -> Option<usize> {
-            let span = dilation[i] * (weight[2 + i].checked_sub(1)?) + 1;
-            let padded = x[2 + i] + 2 * padding[i];
-            (padded >= span && stride[i] > 0).then(|| (padded - span) / stride[i] + 1)
-        };
+        let out_dim =
+            |i| window_positions(x[2 + i], weight[2 + i], stride[i], padding[i], dilation[i]);
         let out = [out_dim(0)?, out_dim(1)?];
         Some(Self {
             batch: x[0],

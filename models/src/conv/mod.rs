@@ -15,6 +15,7 @@ mod narrow;
 mod winograd;
 
 pub use backend::ConvBackend;
+pub(crate) use cpu::window_positions;
 
 /// Why cuDNN does not run the CUDA convs in this process (missing or incomplete library, or an
 /// earlier failure), or `None` when it does. Probes once, like the convs themselves.
